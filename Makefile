@@ -1,0 +1,43 @@
+# spatialvqa: `make repro` sets everything up and regenerates every result; `make test` sets up and tests.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup repro test check nbtest pytest bench clean-venv
+
+setup: $(VENV)/.setup-done
+
+# torch==2.13.0 goes in first: any later torch requirement is then already met by the CPU wheel.
+$(VENV)/.setup-done: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	# only the label table of TotalSegmentator is used (a test checks ours against it); no torch/nnU-Net
+	$(PY) -m pip install -q --no-deps "totalsegmentator==2.18.0"
+	$(PY) -m ipykernel install --sys-prefix --name spatialvqa --display-name "Python (spatialvqa)" >/dev/null
+	touch $@
+
+# The main job: the whole pipeline on the embedded default data, then proof that it is up to date.
+repro: setup
+	dvc repro
+	dvc status
+
+# Notebooks and library in sync and clean, notebook tests, then pytest.
+test: setup check nbtest pytest
+
+check:
+	nbdev-export
+	nbdev-clean
+	@git diff --quiet -- nbs spatialvqa || { echo "nbdev-export/nbdev-clean changed files: notebooks and spatialvqa/ are out of sync"; git --no-pager diff --stat -- nbs spatialvqa; exit 1; }
+
+nbtest:
+	nbdev-test --n-workers 2
+
+pytest:
+	pytest -q
+
+bench: setup
+	python benchmarks/bench_measure.py
