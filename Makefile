@@ -5,19 +5,22 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 export HF_HUB_OFFLINE := 1
+# WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
+export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro test check nbtest pytest bench clean-venv
+.PHONY: setup repro test check nbtest pytest pytest-slow bench
 
 setup: $(VENV)/.setup-done
 
 # torch==2.13.0 goes in first: any later torch requirement is then already met by the CPU wheel.
-$(VENV)/.setup-done: pyproject.toml
+$(VENV)/.setup-done: pyproject.toml scripts/setup_wordnet.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
 	# only the label table of TotalSegmentator is used (a test checks ours against it); no torch/nnU-Net
 	$(PY) -m pip install -q --no-deps "totalsegmentator==2.18.0"
 	$(PY) -m ipykernel install --sys-prefix --name spatialvqa --display-name "Python (spatialvqa)" >/dev/null
+	bash scripts/setup_wordnet.sh
 	touch $@
 
 # The main job: the whole pipeline on the embedded default data, then proof that it is up to date.
@@ -36,8 +39,12 @@ check:
 nbtest:
 	nbdev-test --n-workers 2
 
+# `slow` tests (full-size models and data) run with `make pytest-slow`
 pytest:
-	pytest -q
+	pytest -q -m "not slow"
+
+pytest-slow:
+	pytest -q -m slow
 
 bench: setup
 	python benchmarks/bench_measure.py
