@@ -1,0 +1,190 @@
+"""Exports of a validated Track A benchmark: JSONL + parquet loadable with `datasets` (directly and through the dataset
+card), VLMEvalKit TSVs, and an lmms-eval task folder whose YAML parses and whose functions score exported documents."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from spatialvqa import export as E
+from spatialvqa.cli import parser as _cli_parser  # noqa: F401  (the CLI module imports cleanly)
+from spatialvqa.core import read_jsonl, write_jsonl
+from spatialvqa.measure import measure_manifests
+from spatialvqa.phantom import make_cohort
+from spatialvqa.questions import LETTERS, format_prompt, generate_questions
+from spatialvqa.validate import validate
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    d = tmp_path_factory.mktemp("phantom")
+    make_cohort(d, 3, seed=0, tumour_rate=1.0, workers=2)
+    table, scans, _ = measure_manifests([d / "cohort.json"], workers=1)
+    recs = generate_questions(table, seed=0, scans=scans)
+    return validate(recs, table, scans, seed=0, audit=None).kept
+
+
+@pytest.fixture(scope="module")
+def out(kept, tmp_path_factory, request):
+    d = tmp_path_factory.mktemp("export")
+    import os
+    cwd = os.getcwd()
+    os.chdir(d)                               # the lmms-eval task's data_files is relative to the working directory
+    try: paths = E.export_all(kept, "export", summary={"questions": 99, "removed_by": {"triviality": 3}})
+    finally: os.chdir(cwd)
+    return d, {k: d / p for k, p in paths.items()}
+
+
+def _load(*args, **kw):
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    return datasets.load_dataset(*args, **kw)
+
+
+def test_jsonl_and_parquet(kept, out):
+    d, p = out
+    assert read_jsonl(p["jsonl"]) == kept
+    df = pd.read_parquet(p["parquet"])
+    assert df.qid.tolist() == [r["qid"] for r in kept]
+    assert {"prompt", "blind", "blind_vote", "blind_right"} <= set(df.columns)
+    r0 = kept[0]
+    assert json.loads(df.blind[0]) == r0["blind"] and json.loads(df.spec[0]) == r0["spec"]
+    assert df.prompt.tolist() == [format_prompt(r) for r in kept]
+    mc = df[df.format == "mc"]
+    assert all(len(o) == 4 for o in mc.options)
+
+
+def test_datasets_loads_parquet_and_folder(kept, out, tmp_path):
+    d, p = out
+    ds = _load("parquet", data_files={"test": str(p["parquet"])}, cache_dir=str(tmp_path))["test"]
+    assert ds.num_rows == len(kept) and ds[0]["qid"] == kept[0]["qid"]
+    num = next(i for i, r in enumerate(kept) if r["format"] == "numeric")
+    assert ds[num]["options"] is None and ds[num]["answer_value"] == pytest.approx(kept[num]["answer_value"])
+    folder = _load(str(p["parquet"].parent), cache_dir=str(tmp_path / "f"))
+    assert list(folder) == ["test"] and folder["test"]["qid"] == [r["qid"] for r in kept]
+
+
+def test_dataset_card(kept, out):
+    d, p = out
+    text = p["card"].read_text()
+    front = yaml.safe_load(text.split("---")[1])
+    assert front["configs"] == [{"config_name": "default", "data_files": [{"split": "test", "path": f"{E.NAME}.parquet"}]}]
+    assert "visual-question-answering" in front["task_categories"]
+    assert f"{len(kept)} questions" in text and "Filtered from 99" in text
+    for col in pd.read_parquet(p["parquet"]).columns: assert f"`{col}`" in text
+
+
+def test_vlmevalkit(kept, out):
+    d, p = out
+    mc = pd.read_csv(p["tsv"], sep="\t")
+    num = pd.read_csv(p["tsv_numeric"], sep="\t")
+    assert list(mc.columns) == ["index", "question", *LETTERS, "answer", "category", "l2-category", "image_path", "qid"]
+    assert list(num.columns)[:4] == ["index", "question", "answer", "category"]
+    assert mc["index"].tolist() == list(range(len(mc))) and num["index"].tolist() == list(range(len(num)))
+    assert len(mc) + len(num) == len(kept)
+    by = {r["qid"]: r for r in kept}
+    for _, row in mc.iterrows():
+        r = by[row.qid]
+        assert [row[l] for l in LETTERS] == r["options"] and row.answer == r["answer_letter"]
+        assert row.category == r["task"] and row["l2-category"] == r["subtask"] and row.image_path == r["images"][0]
+    for row in num.itertuples():
+        r = by[row.qid]
+        assert "\n" not in row.question and row.question.startswith(r["question"])
+        assert float(row.answer) == pytest.approx(r["answer_value"], rel=0.01)
+    cross = [r for r in kept if len(r["scan_ids"]) == 2]
+    if cross:                                   # two scans: a list, as VLMEvalKit's toliststr reads it
+        assert json.loads(num.set_index("qid").loc[cross[0]["qid"], "image_path"]) == cross[0]["images"]
+
+
+def test_rendered_image_paths(kept, tmp_path):
+    from PIL import Image
+    png = tmp_path / "view.png"
+    Image.new("RGB", (8, 8), "white").save(png)
+    ip = {r["qid"]: [str(png)] for r in kept[:3]}
+    paths = E.export_all(kept, tmp_path / "x", image_paths=ip, absolute=True)
+    mc = pd.read_csv(paths["tsv"], sep="\t")
+    assert mc.image_path.iloc[0] == str(png)
+    assert (mc.image_path.iloc[3:] == "[]").all()
+    df = pd.read_parquet(paths["parquet"])
+    assert list(df.image_path.iloc[0]) == [str(png)]
+    U = _utils(paths["lmms_utils"])
+    assert len(U.doc_to_visual(df.iloc[0].to_dict())) == 1 and U.doc_to_visual(df.iloc[5].to_dict()) == []
+
+
+def _utils(path):
+    spec = importlib.util.spec_from_file_location("spatialvqa_tracka_utils", path)
+    U = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(U)
+    return U
+
+
+def _task(paths):
+    U = _utils(paths["lmms_utils"])
+
+    class Loader(yaml.SafeLoader): pass
+    Loader.add_constructor("!function", lambda ld, node: getattr(U, ld.construct_scalar(node).split(".", 1)[1]))
+    return yaml.load(paths["lmms_yaml"].read_text(), Loader=Loader), U
+
+
+def test_lmms_eval_task(kept, out, tmp_path, monkeypatch):
+    d, p = out
+    cfg, U = _task(p)
+    assert cfg["task"] == E.LMMS_TASK and cfg["dataset_path"] == "parquet" and cfg["test_split"] == "test"
+    assert cfg["output_type"] == "generate_until" and callable(cfg["process_results"])
+    assert cfg["dataset_kwargs"]["data_files"]["test"] == f"export/{E.NAME}.parquet"          # relative to where it ran
+    names = [m["metric"] for m in cfg["metric_list"]]
+    assert names[:3] == ["score", "mc_accuracy", "numeric_mra"] and "VOLEST_score" in names
+    monkeypatch.chdir(d)
+    docs = _load(cfg["dataset_path"], **cfg["dataset_kwargs"], cache_dir=str(tmp_path))[cfg["test_split"]]
+    by = {r["qid"]: r for r in kept}
+    res = []
+    for doc in docs:
+        r = by[doc["qid"]]
+        assert cfg["doc_to_text"](doc) == format_prompt(r)
+        assert cfg["doc_to_text"](doc, {"pre_prompt": "Q: ", "post_prompt": " A:"}) == f"Q: {format_prompt(r)} A:"
+        target = cfg["doc_to_target"](doc)
+        right = cfg["process_results"](doc, [target])
+        assert right["score"] == 1.0
+        if doc["format"] == "mc":
+            wrong = next(l for l in LETTERS if l != doc["answer_letter"])
+            out_ = cfg["process_results"](doc, [f"Answer: {wrong}"])
+            assert out_["score"] == 0.0 and out_["mc_accuracy"] == 0.0 and out_["numeric_mra"] is None
+            assert cfg["process_results"](doc, [f"({doc['answer_letter']}) {doc['answer_text']}"])["score"] == 1.0
+            assert cfg["process_results"](doc, [doc["answer_text"]])["score"] == 1.0
+        else:
+            assert cfg["process_results"](doc, [f"{3 * doc['answer_value']:.1f}"])["score"] == 0.0
+            assert cfg["process_results"](doc, ["I cannot tell"])["score"] == 0.0
+            assert 0 < cfg["process_results"](doc, [f"{1.2 * doc['answer_value']}"])["score"] < 1
+        res.append(cfg["process_results"](doc, [target] if len(res) % 2 else ["no idea"]))
+    agg = {m["metric"]: m["aggregation"]([x[m["metric"]] for x in res]) for m in cfg["metric_list"]}
+    assert agg["score"] == pytest.approx(sum(x["score"] for x in res) / len(res))
+    mcs = [x["mc_accuracy"] for x in res if x["mc_accuracy"] is not None]
+    assert agg["mc_accuracy"] == pytest.approx(sum(mcs) / len(mcs))
+    assert cfg["doc_to_visual"](docs[0]) == []
+
+
+def test_utils_parsers(out):
+    d, p = out
+    U = _utils(p["lmms_utils"])
+    opts = ["Liver", "Spleen", "Right kidney", "Stomach"]
+    assert [U.parse_letter(t, opts) for t in ["B", "Answer: c", "(D) Stomach", "the spleen", "A or B", ""]] == \
+        ["B", "C", "D", "B", None, None]
+    assert U.parse_number("about 1,500 mL", "mL") == 1500.0 and U.parse_number("1.5 L", "mL") == 1500.0
+    assert U.mra(1.0, 1.0) == 1.0 and U.mra(1.2, 1.0) == pytest.approx(0.6) and U.mra(None, 1.0) == 0.0
+    assert U.aggregate_mean([1.0, None, 0.0]) == 0.5
+
+
+def test_cli_export(kept, tmp_path):
+    import argparse
+    write_jsonl(kept, tmp_path / "bench.jsonl")
+    p = argparse.ArgumentParser(); sub = p.add_subparsers(dest="command"); E.add_cli(sub)
+    a = p.parse_args(["export", str(tmp_path / "bench.jsonl"), "--out", str(tmp_path / "o"), "--absolute"])
+    assert a.func(a) == 0
+    cfg = yaml.safe_load((tmp_path / "o/lmms_eval" / E.LMMS_TASK / f"{E.LMMS_TASK}.yaml").read_text()
+                         .replace("!function ", ""))
+    assert cfg["dataset_kwargs"]["data_files"]["test"] == str((tmp_path / "o" / f"{E.NAME}.parquet").resolve())
+    (tmp_path / "empty.jsonl").write_text("")
+    a = p.parse_args(["export", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "e")])
+    with pytest.raises(ValueError, match="no questions"): a.func(a)
