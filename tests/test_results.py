@@ -1,0 +1,114 @@
+"""Track A tables and figures (`spatialvqa.results`) on a toy run: Table 2 layout with a Random row and a Chance
+row, LaTeX that compiles-looking (balanced braces, booktabs rules), the oracle at 100%, the random guesser's
+interval covering chance, the probe's cohort scope, the parquet round trip, and every figure function writing a
+PNG and its CSV."""
+import re
+
+import matplotlib
+matplotlib.use("Agg")
+import numpy as np
+import pandas as pd
+import pytest
+
+from spatialvqa import results as R
+from spatialvqa.figures import save_figure
+
+
+@pytest.fixture(scope="module")
+def run():
+    recs, preds = R.toy_run(n_scans=16)
+    scored = R.score_models(recs, preds)
+    return recs, preds, scored
+
+
+@pytest.fixture(scope="module")
+def values(run):
+    return R.table2_values(run[2], n_boot=400)
+
+
+def test_table2_layout_random_and_chance_rows(run, values):
+    recs, _, scored = run
+    t = R.table2(values, chance=R.chance_values(scored), n_total=len(recs))
+    assert list(t.columns) == ["Model", "Size", "Backbones", "Scope", "MCA AVG", "DIR", "DIST", "EXT", "VOL", "COMP", "Volume MRA"]
+    assert "Random" in t["Model"].tolist() and t["Model"].iloc[-1] == "Chance (expected)"
+    cell = re.compile(r"^\d+\.\d \[\d+\.\d, \d+\.\d\]$")
+    rnd = t[t["Model"] == "Random"].iloc[0]
+    assert all(cell.match(rnd[c]) for c in ["MCA AVG", "DIR", "DIST", "EXT", "VOL", "COMP", "Volume MRA"]), rnd
+    assert t.iloc[-1]["MCA AVG"] == "25.0"
+
+
+def test_oracle_is_100_and_random_covers_chance(run, values):
+    _, _, scored = run
+    o = values[values.model == "oracle"]
+    assert np.allclose(o["estimate"], 1.0)
+    r = values[(values.model == "random") & (values.column == "MCA AVG")].iloc[0]
+    assert r.ci_low <= 0.25 <= r.ci_high
+    checks = R.sanity_checks(values, R.chance_values(scored))
+    assert checks["oracle_perfect"] and checks["random_at_chance"]
+
+
+def test_mca_avg_is_macro_mean_of_tasks(values):
+    v = values[values.model == "random"].set_index("column")["estimate"]
+    assert v["MCA AVG"] == pytest.approx(v[list(R.TABLE2_TASKS)].mean())
+
+
+def test_latex_balanced_with_booktabs(run, values):
+    recs, _, scored = run
+    t = R.table2(values, chance=R.chance_values(scored), n_total=len(recs))
+    tex = R.latex_table(t, "Accuracy (%) & 95% CI", "tab:a", rule_before=[len(t) - 1], left=4, wide=True)
+    assert tex.count("{") == tex.count("}")
+    assert tex.index(r"\toprule") < tex.index(r"\midrule") < tex.index(r"\bottomrule")
+    assert r"\begin{table*}" in tex and r"\end{table*}" in tex and r"\& 95\% CI" in tex
+    body = [l for l in tex.splitlines() if l.endswith(r"\\")]
+    assert all(l.count(" & ") == t.shape[1] - 1 for l in body)      # every row has every column
+
+
+def test_scope_keeps_out_of_cohort_records_apart(run):
+    recs, preds, _ = run
+    cohort = {"config": {"scans": "toy_000,toy_001,toy_002,toy_003"}}
+    scope = R.model_scope(recs, cohort)
+    p = [dict(x, model="cohort") if x["qid"] in scope else dict(qid=x["qid"], model="cohort", raw=None, error="not in the cohort")
+         for x in preds["oracle"]]
+    s = R.score_models(recs, {"cohort": p, "random": preds["random"]}, {"cohort": scope})
+    parse = R.parse_table(s).set_index("model")
+    assert parse.loc["cohort", "n"] == len(scope) and parse.loc["cohort", "error"] == 0
+    t = R.table2(R.table2_values(s, n_boot=50), n_total=len(recs))
+    assert t.loc[0, "Scope"] == f"4 scans (n={len(scope)})" and t.loc[0, "MCA AVG"].startswith("100.0")
+    assert R.score_metrics(s)["cohort"]["n"] == len(scope)
+
+
+def test_scores_roundtrip(run, tmp_path):
+    scored = run[2]
+    R.write_scores(scored, tmp_path / "s.parquet")
+    back = R.read_scores(tmp_path / "s.parquet", ["random", "oracle", "chatty"])
+    assert list(back["model"].cat.categories) == ["random", "oracle", "chatty"]
+    assert back.set_index(["model", "qid"])["correct"].to_dict() == scored.assign(model=scored.model.astype(str)).set_index(["model", "qid"])["correct"].to_dict()
+
+
+def test_tables_and_metrics(run, tmp_path):
+    recs, _, scored = run
+    paths = R.write_table(R.parse_table(scored), tmp_path / "parse", "caption")
+    assert [p.suffix for p in paths] == [".csv", ".md"] and all(p.exists() for p in paths)
+    assert R.position_table(scored)["model"].nunique() == 3
+    assert len(R.pairwise_table(scored, n_boot=50)) == 3
+    assert R.blind_gap_table(scored, {"oracle": "random"}, n_boot=50).query("group == 'all'")["gap"].iloc[0] > 0.5
+    m = R.score_metrics(scored)
+    assert m["oracle"]["mca_avg_strict"] == 1.0 and m["chatty"]["status_refused"] > 0
+
+
+def test_every_figure_writes_png_and_csv(run, values, tmp_path):
+    recs, _, scored = run
+    figs = {
+        "task_accuracy": R.plot_task_bars(values),
+        "organ_heatmap": R.plot_organ_heatmap(R.group_accuracy(scored, "organ", n_boot=50)),
+        "tumour_radar": R.plot_radar(R.group_accuracy(scored, "tumour_type", n_boot=50, fill="organs only")),
+        "volume_mra": R.plot_volume_mra(R.mra_by_volume(scored, recs, n_boot=50)),
+        "correctness_matrix": R.plot_correctness_matrix(scored),
+        "answer_lengths": R.plot_answer_lengths(scored),
+        "parse_failures": R.plot_parse_failures(R.parse_table(scored)),
+    }
+    for name, (fig, data) in figs.items():
+        paths = save_figure(fig, tmp_path / f"{name}.png", data)
+        assert [p.suffix for p in paths] == [".png", ".csv"]
+        assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(pd.read_csv(paths[1])) > 0
+        matplotlib.pyplot.close(fig)
