@@ -39,7 +39,10 @@ def _start(bench, out, calls, delay):
     env = {**os.environ, "SPATIALVQA_PROGRESS": "0"}
     args = [sys.executable, "-c", CLI, "infer", "--model", "random", "--benchmark", str(bench), "--out", str(out),
             "--batch-size", "2", "--config", f"delay={delay}", f"call_log={calls}"]
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # a job started in the background by a non-interactive shell inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the child the default disposition, as a terminal would
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(path, n, proc, timeout=60):
@@ -150,3 +153,56 @@ def test_failing_inputs_are_written_with_their_error(tmp_path, bench):
     s = M.run_inference(M.make_adapter("random"), recs, tmp_path / "p.jsonl", inputs)
     rows = {r["qid"]: r for r in read_jsonl(tmp_path / "p.jsonl")}
     assert len(rows) == 5 and s.errors == 1 and "no such file" in rows["mc02"]["error"] and rows["mc02"]["raw"] is None
+
+
+# --- circular evaluation: every option rotation answered, the originals untouched ---------------------------------
+
+@pytest.fixture(scope="module")
+def phantom_bench(tmp_path_factory):
+    "A small Track A benchmark over two phantoms (label maps on disk), as a JSONL file."
+    from spatialvqa.measure import measure_manifests
+    from spatialvqa.phantom import make_cohort
+    from spatialvqa.questions import generate_questions
+    d = tmp_path_factory.mktemp("phantom")
+    make_cohort(d, 2, seed=0, tumour_rate=0.5, workers=1)
+    table, scans, rejected = measure_manifests([d / "cohort.json"], workers=1)
+    assert rejected == []
+    recs = generate_questions(table, seed=0, scans=scans)
+    write_jsonl(recs, d / "bench.jsonl")
+    return recs, d / "bench.jsonl"
+
+
+def test_circular_run_answers_rotations_and_resumes(tmp_path):
+    bench, out = tmp_path / "bench.jsonl", tmp_path / "random.jsonl"
+    write_jsonl([dict(r, answer_letter="A", answer="A") if r["format"] == "mc" else r for r in _records()], bench)
+    plain = M.infer("random", bench, out, {})
+    assert plain.total == N
+    s = M.infer("random", bench, out, {"circular": True})                    # switched on later: only the rotations are asked
+    assert (s.total, s.skipped, s.answered) == (N + 3 * (N - 10), N, 3 * (N - 10))
+    rows = {r["qid"]: r for r in read_jsonl(out)}
+    assert {f"mc00#rot{k}" for k in (1, 2, 3)} <= set(rows) and "num00#rot1" not in rows
+    again = M.infer("random", bench, out, {"circular": True})
+    assert (again.skipped, again.answered) == (s.total, 0)
+
+
+def test_oracle_is_right_under_every_rotation(tmp_path, phantom_bench):
+    from spatialvqa.scoring import circular_eval, score_predictions
+    recs, f = phantom_bench
+    out = tmp_path / "oracle.jsonl"
+    s = M.infer("oracle", f, out, {"circular": True})
+    mc = sum(r["format"] == "mc" for r in recs)
+    assert s.total == len(recs) + 3 * mc and s.errors == 0
+    scored = score_predictions(M.with_rotations(recs), read_jsonl(out), "oracle")
+    assert scored["correct"].map(lambda c: c is True).all()
+    circ = circular_eval(scored)
+    assert len(circ) == mc and circ["complete"].all() and (circ["circular"] == 1.0).all()
+
+
+@pytest.mark.parametrize("name", ["prior", "blind_text"])
+def test_cross_fitted_answers_unchanged_by_rotations(phantom_bench, name):
+    recs, _ = phantom_bench
+    plain, circ = M.make_adapter(name, {"seed": 0}), M.make_adapter(name, {"seed": 0})
+    plain.prepare(recs)
+    circ.prepare(M.with_rotations(recs))
+    assert {q: circ._preds[q] for q in plain._preds} == plain._preds            # never trained on the rotated copies
+    assert all(r["qid"] in circ._preds for r in M.with_rotations(recs))
