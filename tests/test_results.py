@@ -112,3 +112,54 @@ def test_every_figure_writes_png_and_csv(run, values, tmp_path):
         assert [p.suffix for p in paths] == [".png", ".csv"]
         assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(pd.read_csv(paths[1])) > 0
         matplotlib.pyplot.close(fig)
+
+
+# --- circular evaluation and the failure sheet ------------------------------------------------------------------
+
+def _with_rotations(recs, preds, seed=1):
+    "Toy answers to the rotated copies: the oracle reads each rotation's truth, random draws a letter per rotated qid."
+    from spatialvqa.scoring import rotations
+    rng, out = np.random.default_rng(seed), {m: list(p) for m, p in preds.items()}
+    for r in rotations(recs):
+        out["oracle"].append(dict(qid=r["qid"], model="oracle", raw=r["answer_letter"], error=None))
+        out["random"].append(dict(qid=r["qid"], model="random", raw=str(rng.choice(list("ABCD"))), error=None))
+    return out
+
+
+def test_rotations_leave_table2_unchanged(run, values):
+    recs, preds, scored = run
+    both = R.score_models(recs, _with_rotations(recs, preds), circular=["oracle", "random"])
+    plain, circ = R.split_rotations(both)
+    assert len(plain) == len(scored) and set(plain["qid"]) == {r["qid"] for r in recs}      # no extra n
+    pd.testing.assert_frame_equal(R.table2_values(plain, n_boot=400), values)
+    assert set(circ["model"].astype(str)) == {"oracle", "random"} and (circ["format"] == "mc").all()
+    n_mc = sum(r["format"] == "mc" for r in recs)
+    assert circ.groupby("model", observed=True).size().tolist() == [4 * n_mc, 4 * n_mc]
+
+
+def test_oracle_circular_100_and_random_near_chance():
+    recs, preds = R.toy_run(n_scans=48, per_scan=40, seed=3)
+    both = R.score_models(recs, _with_rotations(recs, preds), circular=["oracle", "random"])
+    _, circ = R.split_rotations(both)
+    cv = R.circular_values(circ, n_boot=300)
+    checks = R.circular_checks(cv)
+    assert checks["oracle_circular_perfect"]
+    r = cv[(cv.model == "random") & (cv.column == "MCA AVG")].iloc[0]
+    chance = R.circular_chance(circ)
+    assert chance["circular"] == pytest.approx(0.25 ** 4) and chance["plain"] == pytest.approx(0.25)
+    assert r.circular_ci_low <= chance["circular"] <= r.circular_ci_high and r.circular < 0.02   # (1/4)^4 region
+    assert r.plain_ci_low <= 0.25 <= r.plain_ci_high
+    t = R.circular_table(cv, chance=chance)
+    assert list(t.columns) == ["Model", "Task", "n", "Plain", "Circular", "Drop (points)"] and t["Model"].iloc[-1] == "Chance (expected)"
+
+
+def test_failure_sheet_and_figures(run, tmp_path):
+    from spatialvqa.scoring import ERROR_TYPES, read_failure_sheet, write_failure_sheet
+    _, _, scored = run
+    sheet = R.failure_sheets(scored, n=50, seed=0)
+    assert "oracle" not in set(sheet["model"]) and (sheet.groupby(["model", "task"]).size() <= 50).all()
+    pd.testing.assert_frame_equal(sheet, R.failure_sheets(scored, n=50, seed=0))
+    write_failure_sheet(sheet.assign(error_type=[ERROR_TYPES[i % 4] for i in range(len(sheet))]), tmp_path / "s.csv")
+    assert (read_failure_sheet(tmp_path / "s.csv")["error_type"] != "").all()
+    fig, data = R.plot_failures(R.failure_counts(scored))
+    assert set(save_figure(fig, tmp_path / "failure_types.png", data)) and (tmp_path / "failure_types.csv").exists()
