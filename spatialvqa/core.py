@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 
 # %% auto #0
-__all__ = ['project_root', 'load_params', 'flag', 'get_logger', 'progress', 'atomic_write', 'dumps', 'write_json', 'read_json',
-           'write_jsonl', 'append_jsonl', 'read_jsonl', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map',
-           'stable_hash']
+__all__ = ['OKABE_ITO', 'project_root', 'load_params', 'flag', 'get_logger', 'progress', 'atomic_write', 'dumps', 'write_json',
+           'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl', 'write_parquet', 'sha256_file', 'Outcome',
+           'parallel_map', 'stable_hash', 'hex_to_rgb']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -210,3 +210,11 @@ def parallel_map(fn: Callable, items: Sequence, workers: int | None = None, sche
 def stable_hash(obj, n: int = 12) -> str:
     "A short, stable hex digest of any JSON-serialisable object (keys sorted), for ids and cache keys."
     return hashlib.sha256(dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
+
+# %% ../nbs/00_core.ipynb #96b5118b
+OKABE_ITO: dict[str, str] = {"orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73", "yellow": "#F0E442",
+                             "blue": "#0072B2", "vermillion": "#D55E00", "reddish purple": "#CC79A7", "black": "#000000"}
+
+def hex_to_rgb(colour: str) -> tuple[int, int, int]:
+    "`'#RRGGBB'` as an `(r, g, b)` tuple of 0-255 integers."
+    return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))

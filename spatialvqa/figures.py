@@ -15,15 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write
+from .core import OKABE_ITO, atomic_write
 
 # %% auto #0
-__all__ = ['OKABE_ITO', 'SERIES', 'GREY', 'series_colours', 'save_figure', 'plot_grouped_ci', 'length_histogram',
-           'plot_length_distributions', 'overlap_counts', 'plot_overlap', 'plot_metric_panels']
+__all__ = ['SERIES', 'GREY', 'series_colours', 'save_figure', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions',
+           'overlap_counts', 'plot_overlap', 'plot_metric_panels']
 
 # %% ../nbs/13_figures.ipynb #d61b8fe0
-OKABE_ITO = {"orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73", "yellow": "#F0E442",
-             "blue": "#0072B2", "vermillion": "#D55E00", "reddish purple": "#CC79A7", "black": "#000000"}
 SERIES = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
 GREY = "#8C8C8C"
 

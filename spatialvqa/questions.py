@@ -16,18 +16,17 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import ANATOMY, TUMOURS, readable
-from .core import dumps, get_logger, stable_hash
+from .core import OKABE_ITO, dumps, get_logger, stable_hash
 from .measure import Structure, bbox_center_distance, direction, measure_labels, offset
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
            'MIN_VOXELS', 'TEMPLATES', 'SUBTASKS', 'POINTS', 'EVALUATORS', 'GENERATORS', 'DEFAULT_PER_SCAN',
-           'RECORD_FIELDS', 'OKABE_ITO', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent',
-           'tol_volume', 'direction_margin', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour',
-           'organ_group', 'host_of', 'phrase', 'structure_from_row', 'evaluate', 'structure_weight', 'ScanContext',
-           'scan_context', 'contexts_from_tables', 'generate_questions', 'structures_of', 'rederive', 'check_record',
-           'to_frame', 'format_prompt', 'letter_balance', 'composition_long', 'composition', 'markdown_table',
-           'plot_composition']
+           'RECORD_FIELDS', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume',
+           'direction_margin', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
+           'host_of', 'phrase', 'structure_from_row', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
+           'contexts_from_tables', 'generate_questions', 'structures_of', 'rederive', 'check_record', 'to_frame',
+           'format_prompt', 'letter_balance', 'composition_long', 'composition', 'markdown_table', 'plot_composition']
 
 # %% ../nbs/05_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
@@ -698,15 +697,18 @@ def _g_dir_extreme(c, rng, focus, others=()):
     return _item(c, "DIR.extreme", [], {"ext": _DIR_EXT[dname]}, {"direction": dname},
                  options=[c.opt(n) for n in names], option_structures=True)
 
+def _reference(c, rng, focus):
+    "The reference structure of a question: the focus structure half the time (then no longer the focus), else a picked one."
+    if focus and rng.random() < 0.5: return focus, None
+    got = c.pick(rng, exclude=[focus] if focus else ())
+    return (got[0], focus) if got else None
+
 def _g_dir_relative_to(c, rng, focus, others=()):
     dname = list(DIRECTIONS)[int(rng.integers(6))]
     ax, sg = DIRECTIONS[dname]
     m, lvl = direction_margin(c.geom), _level(c.geom, ax)
-    if focus and rng.random() < 0.5: ref, focus = focus, None
-    else:
-        got = c.pick(rng, exclude=[focus] if focus else ())
-        if not got: return None
-        ref = got[0]
+    if (got := _reference(c, rng, focus)) is None: return None
+    ref, focus = got
     rel = [lambda n, by=by: sg * float(_point(c.s(n), by)[ax] - _point(c.s(ref), by)[ax]) for by in POINTS]
     names = _pick_set(c, rng, focus, lambda n: min(r(n) for r in rel) >= m, lambda n, best: max(r(n) for r in rel) <= lvl,
                       exclude=c.related(ref))
@@ -725,11 +727,8 @@ def _g_dist_value(c, rng, focus, others=()):
                  variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, pool))
 
 def _g_dist_best(c, rng, focus, farthest: bool):
-    if focus and rng.random() < 0.5: ref, focus = focus, None
-    else:
-        got = c.pick(rng, exclude=[focus] if focus else ())
-        if not got: return None
-        ref = got[0]
+    if (got := _reference(c, rng, focus)) is None: return None
+    ref, focus = got
     tol = _dist_tol(c.geom)
     d = lambda n: bbox_center_distance(c.s(ref), c.s(n))
     other = (lambda n, b: _num_distinct(d(b), d(n), tol)) if farthest else (lambda n, b: _num_distinct(d(n), d(b), tol))
@@ -740,11 +739,8 @@ def _g_dist_best(c, rng, focus, farthest: bool):
                  options=[c.opt(n) for n in names], option_structures=True)
 
 def _g_dist_within(c, rng, focus, others=()):
-    if focus and rng.random() < 0.5: ref, focus = focus, None
-    else:
-        got = c.pick(rng, exclude=[focus] if focus else ())
-        if not got: return None
-        ref = got[0]
+    if (got := _reference(c, rng, focus)) is None: return None
+    ref, focus = got
     tol = _dist_tol(c.geom)
     d = lambda n: bbox_center_distance(c.s(ref), c.s(n))
     # the nearest structure must be clearly inside a round threshold and the others clearly outside it
@@ -868,11 +864,8 @@ def _g_vol_difference(c, rng, focus, others=()):
 # %% ../nbs/05_questions.ipynb #b88f3a52
 def _g_comp_than(c, rng, focus, others=()):
     sense = 1 if rng.random() < 0.5 else -1
-    if focus and rng.random() < 0.5: ref, focus = focus, None
-    else:
-        got = c.pick(rng, exclude=[focus] if focus else ())
-        if not got: return None
-        ref = got[0]
+    if (got := _reference(c, rng, focus)) is None: return None
+    ref, focus = got
     R = c.s(ref)
     big = lambda n: vol_larger(c.s(n), R) if sense > 0 else vol_larger(R, c.s(n))
     small = lambda n, b: vol_larger(R, c.s(n)) if sense > 0 else vol_larger(c.s(n), R)
@@ -1252,7 +1245,7 @@ def letter_balance(records: Sequence[dict]) -> pd.DataFrame:
     return t.reindex([x for x in MC_TASKS if x in t.index])
 
 # %% ../nbs/05_questions.ipynb #126677a7
-OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
+_PALETTE = tuple(OKABE_ITO.values())   # the shared Okabe-Ito palette (spatialvqa.core)
 NO_TUMOUR = "none"
 
 def composition_long(records: Sequence[dict]) -> pd.DataFrame:
@@ -1298,7 +1291,7 @@ def plot_composition(records: Sequence[dict], path=None, top: int = 14):
                              observed=False).reindex(index=list(TASKS), fill_value=0)
     types = [NO_TUMOUR] + sorted(c for c in by_tt.columns if c != NO_TUMOUR)
     by_tt = by_tt.reindex(columns=types, fill_value=0)
-    colours = ["#BBBBBB", *OKABE_ITO]
+    colours = ["#BBBBBB", *_PALETTE]
     left = np.zeros(len(by_tt))
     for i, tt in enumerate(types):
         label = "organs only" if tt == NO_TUMOUR else tt.replace("_tumor", " tumour")
@@ -1319,7 +1312,7 @@ def plot_composition(records: Sequence[dict], path=None, top: int = 14):
     left = np.zeros(len(by_org))
     names = [n.replace("_", " ") for n in by_org.index]
     for i, t in enumerate(TASKS):
-        a2.barh(names, by_org[t], left=left, color=OKABE_ITO[[0, 1, 2, 4, 5, 6][i]], label=t, edgecolor="white", lw=0.5)
+        a2.barh(names, by_org[t], left=left, color=_PALETTE[[0, 1, 2, 4, 5, 6][i]], label=t, edgecolor="white", lw=0.5)
         left += by_org[t].to_numpy()
     a2.invert_yaxis()
     a2.set_xlabel("questions")

@@ -21,11 +21,11 @@ import numpy as np
 from scipy import ndimage
 
 from .anatomy import NAME_TO_ID, readable
-from .core import atomic_write, read_json, sha256_file, stable_hash, write_json
+from .core import OKABE_ITO as OKABE_ITO_PALETTE, atomic_write, hex_to_rgb, read_json, sha256_file, stable_hash, write_json
 from .scan import Scan, Volume, read_scan, read_volume, reorient
 
 # %% auto #0
-__all__ = ['WINDOWS', 'PRESETS', 'VIEWS', 'MARKERS', 'OKABE_ITO', 'OKABE_ITO_NAMES', 'AIR_HU', 'REPRESENTATIONS', 'VIEWS_VERSION',
+__all__ = ['WINDOWS', 'PRESETS', 'VIEWS', 'MARKERS', 'OKABE_ITO_NAMES', 'OKABE_ITO', 'AIR_HU', 'REPRESENTATIONS', 'VIEWS_VERSION',
            'RENDERS', 'orient_to', 'lerp_axis', 'half_pixel', 'resize_linear', 'nearest_index', 'window_range',
            'grey_levels', 'apply_window', 'Preset', 'SliceStackPreset', 'RadFMPreset', 'CTCLIPPreset', 'MerlinPreset',
            'MedGemmaPreset', 'preset', 'presets_table', 'plane_points', 'sample_points', 'sample_plane',
@@ -324,8 +324,9 @@ VIEWS = ("axial", "coronal", "sagittal")
 # world axis and sign along image columns, along image rows; the plane's normal axis
 _PLANES = {"axial": ((0, -1), (1, -1), 2), "coronal": ((0, -1), (2, -1), 1), "sagittal": ((1, -1), (2, -1), 0)}
 MARKERS = {"axial": ("R", "L", "A", "P"), "coronal": ("R", "L", "S", "I"), "sagittal": ("A", "P", "S", "I")}  # left, right, top, bottom
-OKABE_ITO = ((230, 159, 0), (86, 180, 233), (0, 158, 115), (240, 228, 66), (0, 114, 178), (213, 94, 0), (204, 121, 167))
-OKABE_ITO_NAMES = ("orange", "sky blue", "bluish green", "yellow", "blue", "vermillion", "reddish purple")
+# outline colours: the shared Okabe-Ito palette (spatialvqa.core) less black, as RGB for drawing into images
+OKABE_ITO_NAMES = tuple(n for n in OKABE_ITO_PALETTE if n != "black")
+OKABE_ITO = tuple(hex_to_rgb(OKABE_ITO_PALETTE[n]) for n in OKABE_ITO_NAMES)
 AIR_HU = -1024.0
 
 def plane_points(view: str, center_mm, fov_mm: float, size: int) -> np.ndarray:
