@@ -330,14 +330,15 @@ def plot_failure_types(sheet: pd.DataFrame, path: str | os.PathLike | None = Non
     "Stacked bars of the share of each error type per task (labelled rows; n on each bar), Okabe-Ito colours; saved when `path` is given."
     import matplotlib
     import matplotlib.pyplot as plt
-    from spatialvqa.questions import OKABE_ITO
+    from spatialvqa.core import OKABE_ITO
+    palette = list(OKABE_ITO.values())
     t = failure_type_table(sheet)[list(ERROR_TYPES)]
     n = t.sum(axis=1)
     share = t.div(n.replace(0, np.nan), axis=0).fillna(0.0)
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(t) + 1.6))
     left = np.zeros(len(t))
     for i, e in enumerate(ERROR_TYPES):
-        ax.barh(t.index, share[e], left=left, color=OKABE_ITO[i], label=e, edgecolor="white", lw=0.5)
+        ax.barh(t.index, share[e], left=left, color=palette[i], label=e, edgecolor="white", lw=0.5)
         left += share[e].to_numpy()
     for y, k in enumerate(n): ax.text(1.01, y, f"n={k}", va="center", fontsize=8)
     ax.set_xlim(0, 1.12); ax.set_xlabel("share of labelled failures"); ax.invert_yaxis()
