@@ -17,8 +17,8 @@ import nibabel as nib
 import numpy as np
 
 # %% auto #0
-__all__ = ['ScanError', 'Volume', 'read_volume', 'read_labels', 'write_volume', 'write_dicom_series', 'reorient', 'canonical',
-           'Scan', 'read_scan']
+__all__ = ['ORDERS', 'ScanError', 'Volume', 'nifti_affine', 'read_volume', 'read_labels', 'write_volume', 'write_dicom_series',
+           'reoriented_grid', 'reorient', 'canonical', 'Scan', 'storage_order', 'read_scan']
 
 # %% ../nbs/01_scan.ipynb #8b330e57
 class ScanError(ValueError):
@@ -103,22 +103,34 @@ def _check_geometry(path, array: np.ndarray, affine: np.ndarray) -> None:
 def _unreadable(path, err: BaseException) -> ScanError:
     return ScanError(path, f"unreadable or corrupt: {type(err).__name__}: {err}")
 
+def nifti_affine(img: nib.Nifti1Image, path: str | os.PathLike) -> np.ndarray:
+    "RAS+ affine of a loaded NIfTI `img` (read from `path`) from its header, refusing a file with no orientation or no voxel size."
+    hdr = img.header
+    if int(hdr["sform_code"]) == 0 and int(hdr["qform_code"]) == 0:
+        raise ScanError(path, "no orientation: NIfTI sform_code and qform_code are both 0")
+    if int(hdr["sform_code"]) == 0:  # the qform scales by pixdim[1:4], where nibabel's load already turned a 0 into 1
+        with nib.openers.ImageOpener(str(path)) as f: raw = type(hdr).from_fileobj(f, check=False)
+        pix = np.asarray(raw["pixdim"][1:4], dtype=np.float64)
+        if not np.all(np.isfinite(pix)) or np.any(pix == 0):
+            raise ScanError(path, f"zero or NaN voxel spacing {tuple(float(p) for p in pix)} in pixdim, which the qform (the only orientation) scales by")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.array(img.affine, dtype=np.float64)
+
 def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         img = nib.load(str(path))
         if not isinstance(img, (nib.Nifti1Image, nib.Nifti2Image)):
             raise ScanError(path, f"not a NIfTI image (nibabel read it as {type(img).__name__})")
-        hdr = img.header
-        if int(hdr["sform_code"]) == 0 and int(hdr["qform_code"]) == 0:
-            raise ScanError(path, "no orientation: NIfTI sform_code and qform_code are both 0")
+        affine = nifti_affine(img, path)
         _shape_3d(path, img.shape)  # refuse 2D/4D before reading any data
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            affine = np.array(img.affine, dtype=np.float64)
             array = np.asanyarray(img.dataobj)
     except ScanError: raise
     except Exception as e: raise _unreadable(path, e) from e
     return _squeeze_to_3d(path, array), affine
+
 
 # %% ../nbs/01_scan.ipynb #2457a1de
 _NRRD_SPACES = {  # sign that turns each world axis of the named space into RAS+
@@ -257,6 +269,8 @@ def _check_labels(vol: Volume) -> Volume:
     lo, hi = (a.min(), a.max())
     if lo < 0: raise ScanError(path, f"negative label values (min {lo:g}); labels must be >= 0")
     if hi == 0: raise ScanError(path, "no foreground: every voxel is label 0")
+    if int(hi) > np.iinfo(np.int64).max:
+        raise ScanError(path, f"label value {int(hi)} is above the largest supported label {np.iinfo(np.int64).max} (int64)")
     if np.issubdtype(a.dtype, np.floating): a = a.astype(np.min_scalar_type(int(hi)))
     return Volume(a, vol.affine, path)
 
@@ -343,18 +357,31 @@ def write_dicom_series(vol: Volume, folder: str | os.PathLike, intercept: float 
     return folder
 
 # %% ../nbs/01_scan.ipynb #9a710d2b
-def reorient(vol: Volume, perm=(0, 1, 2), flip=(False, False, False)) -> Volume:
-    "The same object with array axes permuted (`np.transpose` order) then flipped; world positions unchanged."
+ORDERS: tuple[tuple[tuple[int, int, int], tuple[bool, bool, bool]], ...] = tuple(
+    (p, f) for p in itertools.permutations(range(3)) for f in itertools.product((False, True), repeat=3))  # identity first
+
+def _check_order(perm, flip) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     perm, flip = tuple(int(p) for p in perm), tuple(bool(f) for f in flip)
     if sorted(perm) != [0, 1, 2] or len(flip) != 3: raise ValueError(f"perm must permute (0, 1, 2) and flip have 3 entries; got {perm}, {flip}")
-    a = np.transpose(vol.array, perm)
-    flip_axes = tuple(n for n in range(3) if flip[n])
-    if flip_axes: a = np.flip(a, flip_axes)
+    return perm, flip
+
+def reoriented_grid(shape, affine, perm=(0, 1, 2), flip=(False, False, False)) -> tuple[tuple[int, int, int], np.ndarray]:
+    "Shape and affine that `reorient(vol, perm, flip)` gives a volume of `shape` and `affine`, without touching any array."
+    perm, flip = _check_order(perm, flip)
+    new_shape = tuple(int(shape[p]) for p in perm)
     m = np.zeros((4, 4)); m[3, 3] = 1   # new index -> old index
     for n in range(3):
         m[perm[n], n] = -1.0 if flip[n] else 1.0
-        m[perm[n], 3] = a.shape[n] - 1 if flip[n] else 0.0
-    return Volume(np.ascontiguousarray(a), vol.affine @ m, vol.path)
+        m[perm[n], 3] = new_shape[n] - 1 if flip[n] else 0.0
+    return new_shape, np.asarray(affine, dtype=np.float64) @ m
+
+def reorient(vol: Volume, perm=(0, 1, 2), flip=(False, False, False)) -> Volume:
+    "The same object with array axes permuted (`np.transpose` order) then flipped; world positions unchanged."
+    perm, flip = _check_order(perm, flip)
+    a = np.transpose(vol.array, perm)
+    flip_axes = tuple(n for n in range(3) if flip[n])
+    if flip_axes: a = np.flip(a, flip_axes)
+    return Volume(np.ascontiguousarray(a), reoriented_grid(vol.shape, vol.affine, perm, flip)[1], vol.path)
 
 def canonical(vol: Volume) -> Volume:
     "Reorient `vol` so its index axes point as closely as possible to R, A, S."
@@ -363,6 +390,7 @@ def canonical(vol: Volume) -> Volume:
     flip = [False] * 3
     for old, (new, sign) in enumerate(ornt): perm[int(new)], flip[int(new)] = old, sign < 0
     return reorient(vol, perm, flip)
+
 
 # %% ../nbs/01_scan.ipynb #4778ffc4
 @dataclass(eq=False)
@@ -376,6 +404,18 @@ def _corner_shift_mm(shape, a: np.ndarray, b: np.ndarray) -> float:
     corners = np.array(list(itertools.product(*[(0, n - 1) for n in shape])), dtype=np.float64)
     c = np.c_[corners, np.ones(len(corners))]
     return float(np.linalg.norm(c @ (a - b)[:3].T, axis=1).max())
+
+def storage_order(shape, affine, target_shape, target_affine) -> tuple[tuple, tuple, float] | None:
+    """`(perm, flip, shift_mm)`: the `reorient` arguments that bring a grid (`shape`, `affine`) closest to the target
+    grid, and how far apart (mm, worst corner) the two then place a voxel. None when no order gives the target's shape.
+    The identity is tried first, so a grid stored like the target keeps its order."""
+    target_shape, best = tuple(int(n) for n in target_shape), None
+    for perm, flip in ORDERS:
+        s, a = reoriented_grid(shape, affine, perm, flip)
+        if s != target_shape: continue
+        shift = _corner_shift_mm(s, a, np.asarray(target_affine, dtype=np.float64))
+        if best is None or shift < best[2]: best = (perm, flip, shift)
+    return best
 
 def _scan_id(path) -> str:
     name = Path(path).name
@@ -391,13 +431,18 @@ def _as_volume(x, role: str) -> Volume:
 
 def read_scan(labels: str | os.PathLike | Volume, image: str | os.PathLike | Volume | None = None,
               scan_id: str | None = None, atol_mm: float = 1e-3) -> Scan:
-    "Read a label map (and optionally its CT), checking that both share shape and affine within `atol_mm`."
+    """Read a label map (and optionally its CT), checking that both sample the same grid within `atol_mm`.
+
+    A label map that stores that grid in another axis order is reoriented onto the image's (exactly: `reorient`)."""
     lab, img = _as_volume(labels, "labels"), None if image is None else _as_volume(image, "image")
     if img is not None:
-        if img.shape != lab.shape:
+        order = storage_order(lab.shape, lab.affine, img.shape, img.affine)
+        if order is None:
             raise ScanError(lab.path, f"shape mismatch: labels have shape {lab.shape} but image {img.path} has shape {img.shape}")
-        shift = _corner_shift_mm(lab.shape, lab.affine, img.affine)
+        perm, flip, shift = order
         if not shift <= atol_mm:
             raise ScanError(lab.path, f"affine mismatch: labels and image {img.path} place voxels up to {shift:.4g} mm apart (tolerance {atol_mm:g} mm)")
+        if (perm, flip) != ORDERS[0]: lab = reorient(lab, perm, flip)
     if scan_id is None: scan_id = _scan_id(lab.path) if lab.path else "scan"
     return Scan(scan_id, lab, img)
+

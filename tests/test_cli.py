@@ -66,6 +66,44 @@ def test_measure_with_image(tmp_path, lps_labels):
     assert not (tmp_path / "m2.json").exists()
 
 
+TS_DICOM = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real-ct" / "totalsegmentator" / "dicom_example"
+
+
+def test_measure_dicom_example_matches_simpleitk(tmp_path):
+    """TotalSegmentator's DICOM example: the label map is stored LAS, the DICOM series LPS (same grid, axis j reversed).
+    With `--image` every label's volume and RAS+ centroid equal SimpleITK's LabelShapeStatistics on the label map alone."""
+    import SimpleITK as sitk
+    assert (TS_DICOM / "seg.nii.gz").exists() and (TS_DICOM / "ct").is_dir(), \
+        f"shared data missing: {TS_DICOM} (TotalSegmentator's dicom_example, see ../shared/README.md)"
+    out = tmp_path / "m.json"
+    r = run("measure", TS_DICOM / "seg.nii.gz", "--image", TS_DICOM / "ct", "--out", out)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["scan"]["axcodes"] == "LPS"            # on the DICOM's grid
+    ours = {s["label"]: s for s in res["structures"]}
+    f = sitk.LabelShapeStatisticsImageFilter()
+    f.Execute(sitk.ReadImage(str(TS_DICOM / "seg.nii.gz")))
+    assert sorted(ours) == sorted(f.GetLabels()) and len(ours) == 31
+    for l in f.GetLabels():
+        assert ours[l]["voxels"] == f.GetNumberOfPixels(l)
+        assert ours[l]["volume_ml"] * 1000 == pytest.approx(f.GetPhysicalSize(l), rel=1e-6)
+        lps = np.array(f.GetCentroid(l))
+        np.testing.assert_allclose(ours[l]["centroid_ras_mm"], lps * [-1, -1, 1], rtol=0, atol=1e-4)
+    # the liver lies at the patient's right of the spleen
+    assert ours[5]["centroid_ras_mm"][0] > ours[1]["centroid_ras_mm"][0]
+
+
+def test_measure_uint64_label_beyond_int64(tmp_path, lps_labels):
+    import nibabel as nib
+    path, a, aff = lps_labels
+    big = a.astype(np.uint64)
+    big[0, 0, 0] = 2**64 - 1
+    nib.save(nib.Nifti1Image(big, aff, dtype=np.uint64), str(tmp_path / "u64.nii.gz"))
+    r = run("measure", tmp_path / "u64.nii.gz", "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and "u64.nii.gz" in r.stderr and "above the largest supported label" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "negative" not in r.stderr
+
+
 @pytest.mark.parametrize("case", ["garbage", "truncated", "empty_labels", "float_labels", "twod"])
 def test_measure_bad_input(tmp_path, lps_labels, case):
     path, a, aff = lps_labels

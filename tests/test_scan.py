@@ -178,6 +178,21 @@ def test_nifti_without_orientation(tmp_path):
     expect(tmp_path / "nocode.nii.gz", "no orientation")
 
 
+def test_qform_only_with_zero_pixdim(tmp_path):
+    "nibabel repairs pixdim 0 to 1 mm on load; with only a qform that would be the spacing: refused instead."
+    import struct
+    img = nib.Nifti1Image(ct(), None)
+    img.set_sform(None, code=0)
+    img.set_qform(np.diag([2.0, 2.0, 2.0, 1.0]), code=1)
+    nib.save(img, str(tmp_path / "q.nii"))
+    raw = bytearray((tmp_path / "q.nii").read_bytes())
+    raw[80:92] = struct.pack("<3f", 2.0, 0.0, 2.0)          # pixdim[2] = 0 (pixdim starts at byte 76)
+    (tmp_path / "q.nii").write_bytes(bytes(raw))
+    assert nib.load(str(tmp_path / "q.nii")).header.get_zooms() == (2.0, 1.0, 2.0)   # nibabel's quiet 1 mm
+    expect(tmp_path / "q.nii", "zero or NaN voxel spacing (2.0, 0.0, 2.0) in pixdim")
+    expect(tmp_path / "q.nii", "zero or NaN voxel spacing", read_labels)
+
+
 def test_nrrd_without_space(tmp_path):
     nrrd.write(str(tmp_path / "nospace.nrrd"), ct(), {"spacings": [1.0, 1.0, 2.0]})
     expect(tmp_path / "nospace.nrrd", "no orientation")
@@ -200,6 +215,17 @@ def test_negative_integer_labels(tmp_path):
     a = labels(dtype=np.int16)
     a[0, 0, 0] = -2
     expect(save_nii(tmp_path / "neg.nii.gz", a), "negative label values (min -2)", read_labels)
+
+
+def test_uint64_label_beyond_int64(tmp_path):
+    a = labels(dtype=np.uint64)
+    a[0, 0, 0] = 2**63 + 1
+    nib.save(nib.Nifti1Image(a, AFF, dtype=np.uint64), str(tmp_path / "big.nii.gz"))
+    err = expect(tmp_path / "big.nii.gz", "label value 9223372036854775809 is above the largest supported label", read_labels)
+    assert "negative" not in str(err)
+    a[0, 0, 0] = 2**63 - 1                                    # the largest that is accepted
+    nib.save(nib.Nifti1Image(a, AFF, dtype=np.uint64), str(tmp_path / "ok.nii.gz"))
+    assert int(read_labels(tmp_path / "ok.nii.gz").array.max()) == 2**63 - 1
 
 
 def test_empty_labels(tmp_path):
@@ -239,6 +265,36 @@ def test_affine_mismatch(tmp_path):
     save_nii(tmp_path / "rot.nii.gz", ct(), rot)
     expect(lab, "affine mismatch", read_scan, tmp_path / "rot.nii.gz")
     assert read_scan(lab, tmp_path / "rot.nii.gz", atol_mm=0.1).image is not None
+
+
+@pytest.mark.parametrize("perm,flip", [((0, 1, 2), (False, True, False)), ((2, 0, 1), (False, False, False)),
+                                       ((1, 0, 2), (True, False, True)), ((2, 1, 0), (True, True, True))])
+def test_label_map_in_another_storage_order(tmp_path, perm, flip):
+    "The same grid stored permuted and/or flipped is accepted and reoriented onto the image, value for value."
+    a = labels()
+    a[5, 6, 7] = 9
+    stored = reorient(Volume(a, oblique_affine()), perm, flip)
+    lab = write_volume(stored, tmp_path / "lab.nii.gz")
+    img = write_volume(Volume(ct(), oblique_affine()), tmp_path / "img.nii.gz")
+    s = read_scan(lab, img)
+    assert s.labels.shape == (6, 7, 8) and np.array_equal(s.labels.array, a)
+    np.testing.assert_allclose(s.labels.affine, oblique_affine(), atol=1e-9)
+    assert s.labels.path == str(lab)
+
+
+@pytest.mark.parametrize("change", ["shift", "rescale", "shape"])
+def test_label_map_on_another_grid_is_refused(tmp_path, change):
+    "After matching the axes, a grid that is shifted, rescaled or of another size is still refused."
+    stored = reorient(Volume(labels(), AFF), (0, 1, 2), (False, True, False))
+    aff, arr = stored.affine.copy(), stored.array
+    if change == "shift": aff[2, 3] += 0.5
+    elif change == "rescale": aff = aff @ np.diag([1.0, 1.01, 1.0, 1.0])
+    else: arr = arr[:, :, :7]
+    lab = write_volume(Volume(arr, aff), tmp_path / "lab.nii.gz")
+    img = save_nii(tmp_path / "img.nii.gz", ct())
+    err = expect(lab, "shape mismatch" if change == "shape" else "affine mismatch", read_scan, img)
+    assert str(img) in str(err)
+    if change == "shift": assert "0.5 mm apart" in str(err)
 
 
 def test_read_scan_ok(tmp_path):
