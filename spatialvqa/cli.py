@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--no-components", action="store_true", help="skip counting connected components")
     m.set_defaults(func=_measure)
     f = sub.add_parser("fetch", help="fetch pinned external data, verifying SHA-256")
-    f.add_argument("source", nargs="+", help="source names (pyradiomics, ct-spatialvqa)")
+    f.add_argument("source", nargs="+", help="source names (pyradiomics, totalsegmentator, ct-spatialvqa)")
     f.add_argument("--out", required=True, help="destination folder")
     f.add_argument("--mirror", default="../shared/data", help="local mirror folder tried first ('' for none)")
     f.add_argument("--offline", action="store_true", help="never download")

@@ -18,8 +18,8 @@ from pathlib import Path
 from .core import atomic_write, get_logger, sha256_file, write_json
 
 # %% auto #0
-__all__ = ['PYRADIOMICS_REV', 'CTSVQA_REV', 'SOURCES', 'REAL_CT_CASES', 'RemoteFile', 'Source', 'FetchError', 'fetch_file',
-           'fetch_source', 'prepare_real_ct']
+__all__ = ['PYRADIOMICS_REV', 'CTSVQA_REV', 'SOURCES', 'TOTALSEG_REV', 'RemoteFile', 'Source', 'FetchError', 'fetch_file',
+           'fetch_source']
 
 # %% ../nbs/14_fetch.ipynb #e3c193f5
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,165 @@ SOURCES: dict[str, Source] = {
         )),
 }
 
+# %% ../nbs/14_fetch.ipynb #ts0src2
+TOTALSEG_REV = "0e65a448d557382b1e925276212b3bec7f5aff83"
+_TS = f"https://raw.githubusercontent.com/wasserth/TotalSegmentator/{TOTALSEG_REV}/"
+_TS_REF = _TS + "tests/reference_files/"
+
+_TS_SEGMENTATIONS: dict[str, str] = {  # s0001/segmentations/<class>.nii.gz <- example_seg_fast/<class>.nii.gz
+    "adrenal_gland_left": "0fed928d6688e49073e3ee7c45cb5fa25b1372cc9f4ce3ed1d4830ea4e100db8",
+    "adrenal_gland_right": "b479c2d653ad9b3a17e02bb2d0610c69aa7d80effa19ace7a0d19d44955222a0",
+    "aorta": "38a5f7ac92309be1527005db5d14139f2bf13174ab43c09ec10cc55b6676c939",
+    "atrial_appendage_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "autochthon_left": "d8aed00163b83e3f7ed60ba673ca7b7597ff7fd0549112a83c1f314246c41249",
+    "autochthon_right": "9e00b289ffe2bacdf6500f031b4f34d5bc303fd12637d01b7de16b881ba04c73",
+    "brachiocephalic_trunk": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "brachiocephalic_vein_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "brachiocephalic_vein_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "brain": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "clavicula_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "clavicula_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "colon": "977473bc3ea23f88c421e5fe60f90a9e4b82ef0bbfd33d0dbda5e7ce146f5b67",
+    "common_carotid_artery_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "common_carotid_artery_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "costal_cartilages": "73c5d3bbd6de15191bd5ef4ea07d5c195faaea90093113007dd42161fc216272",
+    "duodenum": "0bfa0b0902c0b5ed730fa690075f2221179af06221733cc4ab21507f05934b19",
+    "esophagus": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "femur_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "femur_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "gallbladder": "89e7083981c1e60f4e44c84f5fd5cb1d00110253d2b872f5637e5e2aeb3d533c",
+    "gluteus_maximus_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "gluteus_maximus_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "gluteus_medius_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "gluteus_medius_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "gluteus_minimus_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "gluteus_minimus_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "heart": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "hip_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "hip_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "humerus_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "humerus_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "iliac_artery_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "iliac_artery_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "iliac_vena_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "iliac_vena_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "iliopsoas_left": "9dc9d8fcc24c47b08399dd6058d3998bb37204ac6873299e262f5667418ffc46",
+    "iliopsoas_right": "5ddab4f893dce528c17ee232fb077f708e9901508476605c58af02594fa97b1f",
+    "inferior_vena_cava": "18fdfb8f0c5c9c98902c14aed6317735d17c6d3553e53a34db86e7482d394468",
+    "kidney_cyst_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "kidney_cyst_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "kidney_left": "7041282edd0e2464fab9c868bc78703b51dbbd5f23053c396d603a5a75e500f9",
+    "kidney_right": "7ab9d104e46d242305b0460ea8561040c04d7bbe5b53b15551ea7b4d23b1ef17",
+    "liver": "c31a3709e37f937be1a557d12f63f79488b19a8ca7017356b914b9a25e2db05b",
+    "lung_lower_lobe_left": "6e6ee1ba4781955e47022665f2a2020f09283d189261a5cf83817775bb100a4a",
+    "lung_lower_lobe_right": "d0b7e5ed926f541cc9cb70fdcafd83bee523533cd2d4df55a6ac791eb28dcef5",
+    "lung_middle_lobe_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "lung_upper_lobe_left": "db4865d95f05e857608056cda805fe8b12d955e324dd7be70960d0fd50e4f212",
+    "lung_upper_lobe_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "pancreas": "7a7075f4dab9360753da371493567e0e4168d778bf7c53d0a3b42fa43a8fa492",
+    "portal_vein_and_splenic_vein": "ce5e330de4559ebac19c9fc22512977dc9fb255efa1c40ccf66bd8fc61dc837a",
+    "prostate": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "pulmonary_vein": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_10": "e2f3cb12f24e116aaebab29340b90e08d5a2f38abcf5fea212593d5aeec99fe2",
+    "rib_left_11": "6a97e1c409efb2845865df1358964ba6582bc994e7fabbbda47fa860a6e8c6f4",
+    "rib_left_12": "d492e9d1733caf1e56fcbc22102413c4a169e53be5fce7b861bec3313b00f918",
+    "rib_left_2": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_4": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_5": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_6": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_left_7": "34e267d6041fa7cfcc76fc53c3914230dd1ea0ecbac5662c354240d9e692568e",
+    "rib_left_8": "18396a0f4410e04a7b3d096fee453b6675e1726c2d48816959788b9174450161",
+    "rib_left_9": "a289eb5307098dd207be2760542eda6a826b7380a62c47d051798e60ca8317d2",
+    "rib_right_1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_right_10": "edb66bea8d4ec22883ce4e22d7c649d26caf592d965db7136250db9a232063a7",
+    "rib_right_11": "3d81a166746e683aa2e2c97ece9ac1081894e1ab7009ba0559bf0ecb86ac46c0",
+    "rib_right_12": "b0e5ef755aa017a1bd774ebe328537946f50177cfa3e4c8b7cf5ceeb756865ea",
+    "rib_right_2": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_right_3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_right_4": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_right_5": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_right_6": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "rib_right_7": "12ab959208c70a0b324afcb7ada43af1dec293f436e06985b3da5b7525c3e04d",
+    "rib_right_8": "a8218b1ce3a91eda96749619418b148aeae4c3230f95cd6c8c49553b94824a32",
+    "rib_right_9": "507c3bd0a684b18649c440947e2746a9d713f06cc2b020a416aef18222bb9796",
+    "sacrum": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "scapula_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "scapula_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "skull": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "small_bowel": "6cd2cddc69ca5577e98276c91b5d8121e732a80eb57940f9af15a39c05b569cd",
+    "spinal_cord": "233fd907ffa87012a15698002911529acc9f8e922532af4abf1ac4e5c9fa3796",
+    "spleen": "295eff9675f4b950ef9e893ff59f33c611c182f7980fffc216f6953c0955e10d",
+    "sternum": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "stomach": "6f05088dfffa55c3a2fe03c228713be63b48823223b2d32af3dcebfc6b59cf57",
+    "subclavian_artery_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "subclavian_artery_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "superior_vena_cava": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "thyroid_gland": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "trachea": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "urinary_bladder": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C2": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C4": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C5": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C6": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_C7": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_L1": "260e4c577fe548099fd3495b858e29b4ac0e89cc2be87e870f139a70dd52670e",
+    "vertebrae_L2": "8974c0a865e9509fb96354e5e062b5e0b1beb54ac22f56b6dd6dfb566e1e0710",
+    "vertebrae_L3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_L4": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_L5": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_S1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T10": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T11": "7c6df198744e9e711c7258bf6bdd14bdfaed396e91579428aea43eeb110380b6",
+    "vertebrae_T12": "d22aeef84fa1f5b0bc4c7ac7a718a3f40a49d0fec883e32b6504ea22d46f9071",
+    "vertebrae_T2": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T4": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T5": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T6": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T7": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T8": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+    "vertebrae_T9": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+}
+_TS_DICOM: dict[str, str] = {  # dicom_example/ct/<file> <- example_ct_dicom/<file>
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016573": "4c5633409fa4d3edf6871e5684e9e1b10325b4d0949997582f43b23a684d0dc4",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016574": "9148f91127145497f4d6c6f0780f9452504cd7fe5088ec8f2bf2b21800c731ff",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016575": "3edaccec892e0821440cbefe3d5465923bb5146c316cbaf58f578d962f120484",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016576": "9b68685f0c5f9bfcfc2c397f4fadf431da288d7422ca72e7d9031d4e039418cd",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016577": "c8d2c0dc05e414d47d3652c658d8fecc20c3cf7ce106c10d84ad033d39700bcc",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016578": "0ee2c1d58e06cedd91483ca35c04da3c26fea0dbe88aaf1eaa950b57f38357d6",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016579": "c76cf0818d4215b92883d109b8a0b62ae0a4d81637eed98738f9c62b6f49bb72",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016580": "106e20514fd3ca66895e14dbfba96c01c1195e4ed890c035d4368dd71f3ee116",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016581": "5804e6c4a50f4d5b20040ac82a1c6d79cba5f7267d71f10b0a1b49eda1bc13ff",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016582": "bef219a16b22949224de4581a2d288863b2585d29556ac24021f03307378cb39",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016583": "9de5a49e880417d5330fe299115fdb95831a98234216a31c5c0e9a0be9a6dcd3",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016584": "fa00c8d81ec8aa0d0cfc4e05343782c3a75a4c60df8cccf9ff5db42ac454e61d",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016585": "ebba0900b0f728db0c94c769db3e5ca38a0cd916386a727541eb3e56350770e5",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016586": "f084ec95cfba25efb7cbe86e8b4966b051904037e8385f58fe398c5475693b89",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016587": "20a9b88a30ea8a824ac65cb19c1ebf80964b41ff476497706ff2a286e5f27a25",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016588": "2a515d3b60f3ff733aac1fc5414206c331e3ed2ccef8c2e0c30b844c538e3ed8",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016589": "5880669f1bc36b09cad4bdf487992ec415da0afa014e927efc282e612f467574",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016590": "7af4dd5b5766a87368939116b91f90d989820e7b2237fb9bcd10d47db0960875",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016591": "671306f4462ae881976c18c6a2d8a1567279fb0166ef0e9e8a41271fac9c1cbb",
+    "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016592": "fdb76ad5272f074e07cc81509604fd163f2f8a9903d34b16ba6f078250373c51",
+}
+
+def _ts(path, upstream, sha): return RemoteFile(f"real-ct/totalsegmentator/{path}", upstream, sha)
+
+SOURCES["totalsegmentator"] = Source(
+    "totalsegmentator", TOTALSEG_REV, "Apache-2.0", "https://github.com/wasserth/TotalSegmentator",
+    (_ts("s0001/ct.nii.gz", _TS_REF + "example_ct_sm.nii.gz", "e50c00b2914e2cac0aaee8e7f3b5f57d44d9f21bfd5c0577271c54c0cb49e9fb"),
+     *(_ts(f"s0001/segmentations/{n}.nii.gz", _TS_REF + f"example_seg_fast/{n}.nii.gz", s) for n, s in _TS_SEGMENTATIONS.items()),
+     _ts("s0001/seg_multilabel.nii.gz", _TS_REF + "example_seg.nii.gz", "8be652475a4aaae83103a66bfb3345314b1fc06742807a06cf5005f7a7913a2d"),
+     *(_ts(f"dicom_example/ct/{n}", _TS_REF + f"example_ct_dicom/{n}", s) for n, s in _TS_DICOM.items()),
+     _ts("dicom_example/seg.nii.gz", _TS_REF + "example_seg_dicom.nii.gz", "98af7f6536c316ff9084054f20956cd3e28af376b81d582d269fbea2744878fc"),
+     _ts("LICENSE", _TS + "LICENSE", "c71d239df91726fc519c6eb72d318ec65820627232b2f796219e87dcf35d0ab4")))
+
+
 # %% ../nbs/14_fetch.ipynb #8f00d6a4
 class FetchError(RuntimeError):
     "A pinned file could not be had, or did not match its digest."
@@ -148,25 +307,4 @@ def fetch_source(name: str, out: str | os.PathLike, mirror: str | os.PathLike | 
         log.info("%s: %s (%s)", name, rf.path, rec["origin"].split(":")[0])
         recs.append(rec)
     if errors: raise FetchError(f"{name}: {len(errors)} of {len(SOURCES[name].files)} files failed:\n  " + "\n  ".join(errors))
-    return recs
-
-# %% ../nbs/14_fetch.ipynb #93244de0
-REAL_CT_CASES = {"pyradiomics_lung1": ("lung1_image.nrrd", "lung1_label.nrrd"),
-                 "pyradiomics_lung2": ("lung2_image.nrrd", "lung2_label.nrrd")}
-
-def prepare_real_ct(fetched: str | os.PathLike, out: str | os.PathLike) -> list[dict]:
-    "Scans of the fetched pyradiomics CTs with masks relabelled to the `lung_tumor` id; returns manifest records."
-    import numpy as np
-    from spatialvqa.anatomy import NAME_TO_ID
-    from spatialvqa.scan import Volume, read_labels, write_volume
-    src = Path(fetched) / "real-ct/pyradiomics"; out = Path(out)
-    tumour = NAME_TO_ID["lung_tumor"]
-    recs = []
-    for scan_id, (img, lab) in REAL_CT_CASES.items():
-        labels = read_labels(src / lab)
-        (out / scan_id).mkdir(parents=True, exist_ok=True)
-        relabelled = Volume(np.where(labels.array > 0, tumour, 0).astype(np.uint16), labels.affine)
-        lab_path = write_volume(relabelled, out / scan_id / "labels.nii.gz")
-        recs.append(dict(scan_id=scan_id, image=str(src / img), labels=str(lab_path), source="pyradiomics",
-                         licence=SOURCES["pyradiomics"].licence, label_names={str(tumour): "lung_tumor"}))
     return recs

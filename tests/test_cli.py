@@ -162,3 +162,21 @@ def test_fetch_cli_from_mirror(tmp_path):
     (part / "lung2_label.nrrd").write_bytes(b"tampered")
     r = run("fetch", "pyradiomics", "--out", tmp_path / "out2", "--mirror", tmp_path / "mirror", "--offline")
     assert r.returncode == 2 and "checksum mismatch" in r.stderr
+
+
+def test_fetch_totalsegmentator_from_mirror(tmp_path):
+    "TotalSegmentator's 141 pinned files come verified from the mirror; one changed byte is refused."
+    mirror = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    assert (mirror / "real-ct/totalsegmentator/LICENSE").exists(), f"shared data missing: {mirror}/real-ct/totalsegmentator"
+    r = run("fetch", "totalsegmentator", "--out", tmp_path / "out", "--mirror", mirror, "--offline")
+    assert r.returncode == 0, r.stderr
+    recs = json.loads((tmp_path / "out/fetch_manifest.json").read_text())
+    assert len(recs) == 141 and all(x["origin"].startswith("mirror:") for x in recs)
+    segs = list((tmp_path / "out/real-ct/totalsegmentator/s0001/segmentations").iterdir())
+    assert len(segs) == 117 and len(list((tmp_path / "out/real-ct/totalsegmentator/dicom_example/ct").iterdir())) == 20
+    bad = tmp_path / "bad/real-ct/totalsegmentator"
+    (bad / "s0001").mkdir(parents=True)
+    raw = bytearray((mirror / "real-ct/totalsegmentator/s0001/ct.nii.gz").read_bytes()); raw[-1] ^= 1
+    (bad / "s0001/ct.nii.gz").write_bytes(bytes(raw))
+    r = run("fetch", "totalsegmentator", "--out", tmp_path / "out2", "--mirror", tmp_path / "bad", "--offline")
+    assert r.returncode == 2 and "s0001/ct.nii.gz: checksum mismatch" in r.stderr and "Traceback" not in r.stderr
