@@ -491,10 +491,10 @@ class _Measure:  # picklable for worker processes
 def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike], components: bool = True,
                       connectivity: int = 26, workers: int | None = None, scheduler: str | None = None
                       ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
-    """Measure every scan listed in the JSON manifests (lists of `{scan_id, labels, image?, label_names?}`).
+    """Measure every scan listed in the JSON manifests (lists of `{scan_id, labels, image?, label_names?, source?}`).
 
-    Returns the structures table (one row per structure, keyed by `scan_id`, `label`), the scans table and
-    the rejected scans (`scan_id`, `labels`, `error`)."""
+    Returns the structures table (one row per structure, keyed by `scan_id`, `label`, with the scan's `source`),
+    the scans table (the manifest's plain fields too) and the rejected scans (`scan_id`, `source`, `labels`, `error`)."""
     if isinstance(manifests, (str, os.PathLike)): manifests = [manifests]
     recs = []
     for m in manifests:
@@ -506,13 +506,13 @@ def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]
     scans, rows, rejected = [], [], []
     for o in outs:
         if not o.ok:
-            rejected.append({"scan_id": o.item.get("scan_id"), "labels": o.item.get("labels"), "error": o.error})
+            rejected.append({"scan_id": o.item.get("scan_id"), "source": o.item.get("source"), "labels": o.item.get("labels"), "error": o.error})
             continue
         info, structs = o.value
         scans.append(info)
         for s in structs:
             (x, y, z), (lo, hi) = s["centroid_ras_mm"], s["bbox_ras_mm"]
-            rows.append({"scan_id": info["scan_id"], "label": s["label"], "name": s["name"], "voxels": s["voxels"],
+            rows.append({"scan_id": info["scan_id"], "source": info.get("source"), "label": s["label"], "name": s["name"], "voxels": s["voxels"],
                          "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
                          **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
                          **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})

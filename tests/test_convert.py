@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from spatialvqa.anatomy import NAME_TO_ID
-from spatialvqa.convert import (AMOS_LABELS, CONVERTERS, add_cli, convert, convert_amos, convert_kits, convert_msd,
-                                convert_totalsegmentator, label_mapping, match_label_name, split_kidneys)
+from spatialvqa.convert import (AMOS_LABELS, CONVERTERS, add_cli, check_datasets, convert, convert_amos, convert_datasets,
+                                convert_kits, convert_msd, convert_pyradiomics, convert_totalsegmentator, label_mapping,
+                                match_label_name, split_kidneys)
 from spatialvqa.scan import Volume, read_labels, write_volume
 
 SHAPE = (16, 16, 8)
@@ -366,7 +367,7 @@ def test_split_kidneys_ras_not_index():
 # ---------------------------------------------------------------- registry and command line
 
 def test_registry_and_cli(kits23, tmp_path):
-    assert set(CONVERTERS) == {"totalsegmentator", "amos", "msd", "kits"}
+    assert set(CONVERTERS) == {"totalsegmentator", "amos", "msd", "kits", "pyradiomics", "phantom"}
     with pytest.raises(KeyError, match="unknown dataset"):
         convert("brats", kits23, tmp_path / "x")
     p = argparse.ArgumentParser()
@@ -393,3 +394,114 @@ def test_missing_folders_name_the_fault(tmp_path):
         convert_msd(tmp_path, tmp_path / "o", workers=0)
     with pytest.raises(ScanError, match="not a KiTS folder"):
         convert_kits(tmp_path, tmp_path / "o", workers=0)
+
+
+# ---------------------------------------------------------------- a used --out (issue 11)
+
+def cli(*args):
+    p = argparse.ArgumentParser()
+    add_cli(p.add_subparsers(dest="command"))
+    a = p.parse_args(["convert", *map(str, args)])
+    return a.func(a)
+
+
+def test_convert_into_used_out_merges(totalseg, kits23, tmp_path):
+    "A second dataset into the same --out is listed beside the first; rerunning the first changes nothing."
+    out = tmp_path / "out"
+    first = convert_totalsegmentator(totalseg, out, workers=0)
+    convert_kits(kits23, out, workers=0)
+    scans, rejected, report = load(out)
+    assert [r["scan_id"] for r in scans] == [r["scan_id"] for r in first] + ["kits23_case_00000", "kits23_case_00001"]
+    assert all(Path(r["labels"]).exists() for r in scans)
+    assert {r["scan_id"] for r in rejected} == {"totalseg_s0002", "totalseg_s0003", "kits23_case_00002", "kits23_case_00003"}
+    assert report["dataset"] == "KiTS23" and report["earlier_runs"][0]["dataset"] == "TotalSegmentator"
+    assert convert_totalsegmentator(totalseg, out, workers=0) == first
+    assert load(out)[0] == scans
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]      # no staging folder left
+
+
+def test_convert_into_used_out_refuses_other_content(totalseg, tmp_path):
+    "The same scan ids with other content: status 2, the scans named, nothing in --out changed."
+    from spatialvqa.cli import main
+    out = tmp_path / "out"
+    convert_totalsegmentator(totalseg, out, workers=0)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for extra in (["--map", "liver=spleen"], ["--name", "other_name"]):
+        code = main(["convert", "totalsegmentator", str(totalseg), "--out", str(out), "--workers", "0", *extra])
+        assert code == 2
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # a scan folder left unlisted by an earlier tool, holding other labels, is protected the same way
+    (out / "scans.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"totalseg_s0000 \(labels differ"):
+        convert_totalsegmentator(totalseg, out, workers=0, mapping={"liver": "spleen"})
+
+
+def test_convert_into_used_out_cli_message(totalseg, tmp_path):
+    import subprocess, sys
+    exe = str(Path(sys.executable).parent / "spatialvqa")
+    env = {**os.environ, "SPATIALVQA_PROGRESS": "0"}
+    out = tmp_path / "out"
+    r = subprocess.run([exe, "convert", "totalsegmentator", str(totalseg), "--out", str(out), "--workers", "0"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([exe, "convert", "totalsegmentator", str(totalseg), "--out", str(out), "--workers", "0", "--map", "liver=spleen"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{out / 'scans.json'}: 2 scan id(s) already converted here with different content" in r.stderr
+    assert "totalseg_s0000 (record differs in label_names)" in r.stderr
+
+
+# ---------------------------------------------------------------- the real examples and the datasets list
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real-ct"
+
+
+def need(path):
+    assert Path(path).exists(), f"shared data missing: {path} (see ../shared/README.md)"
+    return Path(path)
+
+
+def test_totalsegmentator_real_examples(tmp_path):
+    """s0001 in the dataset layout (117 masks, 40 non-empty) and the DICOM example (LAS map on an LPS series)."""
+    from spatialvqa.measure import measure_manifests
+    ts = need(SHARED / "totalsegmentator")
+    recs = convert_totalsegmentator(ts, tmp_path / "ts", workers=0, licence="Apache-2.0", name="ts")
+    by = {r["scan_id"]: r for r in recs}
+    assert sorted(by) == ["totalseg_dicom_example", "totalseg_s0001"]
+    s1, dc = by["totalseg_s0001"], by["totalseg_dicom_example"]
+    assert len(s1["label_names"]) == 40 and "unmapped_labels" not in s1 and "reoriented" not in s1
+    assert s1["source_labels"].endswith("s0001/segmentations") and s1["image"].endswith("s0001/ct.nii.gz")
+    assert len(dc["label_names"]) == 31 and dc["image"].endswith("dicom_example/ct")
+    assert dc["reoriented"].startswith("LAS -> LPS")
+    # the multilabel map and the masks of s0001 come from different models; the masks are what the layout means
+    table, scans, rejected = measure_manifests(tmp_path / "ts" / "scans.json", workers=0)
+    assert rejected == [] and set(scans.source) == {"ts"}
+    t = table.set_index(["scan_id", "name"])
+    for sid in ("totalseg_s0001", "totalseg_dicom_example"):
+        assert t.loc[(sid, "liver"), "centroid_x"] > t.loc[(sid, "spleen"), "centroid_x"]   # liver at the patient's right
+    assert 800 < t.loc[("totalseg_s0001", "liver"), "volume_ml"] < 3000
+    assert 50 < t.loc[("totalseg_s0001", "spleen"), "volume_ml"] < 600
+    for k in ("kidney_left", "kidney_right"): assert 80 < t.loc[("totalseg_s0001", k), "volume_ml"] < 300
+    # the multilabel map on request
+    (ml,) = convert_totalsegmentator(ts / "s0001", tmp_path / "ml", workers=0, seg="seg_multilabel.nii.gz")
+    assert ml["source_labels"].endswith("seg_multilabel.nii.gz") and len(ml["label_names"]) == 41
+
+
+def test_default_datasets_list(tmp_path):
+    "The pipeline's default list, pointed at the shared mirror: every record carries its dataset's name as source."
+    import yaml
+    from spatialvqa.core import write_json
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    entries = check_datasets(params["datasets"])
+    assert [(e["name"], e["kind"]) for e in entries] == [("totalseg_s0001", "totalsegmentator"), ("totalseg_dicom", "totalsegmentator"),
+                                                         ("pyradiomics", "pyradiomics"), ("phantom", "phantom")]
+    mirror = need(SHARED).parent
+    cohort = tmp_path / "phantom"
+    cohort.mkdir()
+    write_json([], cohort / "cohort.json")
+    for e in entries:   # data/raw is the fetched copy of the mirror; data/phantom the phantom stage's output
+        e["path"] = str(cohort) if e["kind"] == "phantom" else e["path"].replace("data/raw", str(mirror))
+    recs = convert_datasets(entries, tmp_path / "scans", workers=0)
+    assert [(r["scan_id"], r["source"]) for r in recs] == [
+        ("totalseg_s0001", "totalseg_s0001"), ("totalseg_dicom_example", "totalseg_dicom"),
+        ("pyradiomics_lung1", "pyradiomics"), ("pyradiomics_lung2", "pyradiomics")]
+    assert {r["licence"] for r in recs[:2]} == {"Apache-2.0"} and recs[2]["licence"] == "BSD-3-Clause"
