@@ -1052,6 +1052,7 @@ RECORD_FIELDS: dict[str, str] = {
     "track": "'A' (mask-grounded)",
     "scan_id": "the scan the question is about (the first of `scan_ids`)",
     "scan_ids": "every scan the question needs, in the order the question names them (two for cross-case)",
+    "source": "the dataset the scans come from (their manifest `source`, `phantom` for phantoms); cross-case questions pair scans of one source only, and would list several comma-separated",
     "task": "DIR, DIST, EXT, VOL, COMP (multiple choice) or VOLEST (numeric)",
     "subtask": "`<task>.<kind>`, e.g. DIR.extreme, VOLEST.cross_case",
     "template_id": "`<subtask>.<n>`: which phrasing of the subtask was used",
@@ -1112,6 +1113,7 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
     tol = ev["derived"].get("tolerance")
     return {
         "qid": it["qid"], "track": "A", "scan_id": c.scan_id, "scan_ids": list(it["scan_ids"]),
+        "source": ",".join(dict.fromkeys(x.group for x in scans if x.group)) or None,
         "task": it["subtask"].split(".")[0], "subtask": it["subtask"], "template_id": it["template_id"],
         "format": "mc" if opts is not None else "numeric", "question": it["question"],
         "options": None if opts is None else [o["text"] for o in opts],
