@@ -25,10 +25,10 @@ from .questions import (LETTERS, MIN_RATIO, MIN_VOXELS, contexts_from_tables, ev
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
-__all__ = ['KINDS', 'RESIZE_GROUPS', 'present_names', 'mirror_affine', 'mirror_volume', 'mirror_plane', 'mirror_names',
-           'mirror_scan', 'CounterfactualError', 'resize_structure', 'resize_candidates', 'resize_auto', 'show_copies',
-           'flipped', 'counterfactual_record', 'pair_questions', 'pair_frame', 'pair_accuracy', 'source_of',
-           'read_manifests', 'select_scans', 'make_counterfactuals']
+__all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'present_names', 'mirror_affine', 'mirror_volume',
+           'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'resizable',
+           'resize_candidates', 'resize_auto', 'show_copies', 'flipped', 'counterfactual_record', 'pair_questions',
+           'pair_frame', 'pair_accuracy', 'source_of', 'read_manifests', 'select_scans', 'make_counterfactuals']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -234,6 +234,17 @@ def _plausible(name: str, volume_ml: float) -> bool:
     return r is None or r[0] <= volume_ml <= r[1]
 
 RESIZE_GROUPS = ("pair", "tumour", "other")
+RESIZABLE = ("organ", "gland", "muscle", "lesion")     # categories whose size varies between people, as a whole
+NOT_RESIZED = frozenset({"lung_upper_lobe_left", "lung_lower_lobe_left", "lung_upper_lobe_right", "lung_middle_lobe_right",
+                         "lung_lower_lobe_right", "trachea", "esophagus", "small_bowel", "colon", "duodenum",
+                         "spinal_cord", "atrial_appendage_left"})
+
+def resizable(name: str) -> bool:
+    "Whether a structure may be the target of a resize (see above); unknown names are not."
+    from spatialvqa.anatomy import ANATOMY
+    info = ANATOMY.get(name)
+    return info is not None and info.category in RESIZABLE and name not in NOT_RESIZED
+
 
 def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], factors: Sequence[float] = (1.25, 0.8),
                       min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS) -> list[tuple[str, float, str]]:
@@ -247,7 +258,7 @@ def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], fa
         if np.any(lo < 1) or np.any(hi > shape - 2): return False         # cut by the field of view: never asked about
         c = (lo + hi) / 2   # a first check about the box centre; resize_structure checks about the centroid
         return bool(np.all(c + (lo - c) * f >= 1) and np.all(c + (hi - c) * f <= shape - 2))
-    ok = {n: s for n, s in structs.items() if s.voxels >= min_voxels}
+    ok = {n: s for n, s in structs.items() if s.voxels >= min_voxels and resizable(n)}
     groups = {g: [] for g in RESIZE_GROUPS}
     pairs = sorted({tuple(sorted((n, counterpart(n)))) for n in ok if counterpart(n) in ok},
                    key=lambda p: (not p[0].startswith("kidney_"), -structure_weight(p[0]),
