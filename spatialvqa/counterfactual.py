@@ -20,7 +20,7 @@ from scipy import ndimage
 from .anatomy import NAME_TO_ID, TUMOURS, counterpart, label_name, reference_range, side
 from .core import get_logger, parallel_map, read_json, stable_hash, write_json
 from .measure import Structure, measure_labels
-from .questions import (LETTERS, MIN_RATIO, MIN_VOXELS, contexts_from_tables, evaluate, fmt_number, host_of,
+from .questions import (LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, contexts_from_tables, evaluate, fmt_number, host_of,
                                   structure_weight, vol_larger)
 from .scan import Scan, Volume, read_scan, write_volume
 
@@ -292,6 +292,8 @@ def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mappi
         lost = {m: v / ss[m].voxels for m, v in info["overwritten"].items()}
         if any(x > max_loss for x in lost.values()):
             tried.append(f"{n} x{f:g}: would take {max(lost.values()):.0%} of {max(lost, key=lost.get)}"); continue
+        if abs(info["volume_ratio"] / info["expected_ratio"] - 1) > REL_TOL:
+            tried.append(f"{n} x{f:g}: the grid scales it by {info['volume_ratio']:.3g}, not {info['expected_ratio']:.3g}"); continue
         if not _plausible(n, ss[n].volume_ml * info["volume_ratio"]):
             tried.append(f"{n} x{f:g}: volume outside the reference range"); continue
         info["why"], info["rejected_candidates"] = why, tried
@@ -312,7 +314,12 @@ def show_copies(scans: Sequence[Scan], at: Sequence[float] | None = None, window
         L0 = scans[0].labels
         at = L0.to_world(np.argwhere(np.asarray(L0.array) > 0).mean(0))
     at = np.asarray(at, float)
-    fig, axs = plt.subplots(2, len(scans), figsize=(4.2 * len(scans), 8.4), squeeze=False)
+    lab0 = canonical(scans[0].labels)
+    span = np.abs(lab0.to_world(np.array(lab0.shape) - 1) - lab0.to_world([0, 0, 0])) + 1e-6
+    if zoom_mm: span = np.full(3, 2.0 * zoom_mm)
+    rows = [span[1] / span[0], span[2] / span[0]]                   # panel heights for equal widths, true aspect
+    fig, axs = plt.subplots(2, len(scans), figsize=(4.2 * len(scans), 4.2 * sum(rows) + 1.2), squeeze=False,
+                            gridspec_kw={"height_ratios": rows})
     for col, sc in enumerate(scans):
         lab = canonical(sc.labels)
         img = canonical(sc.image) if sc.image is not None else None

@@ -351,3 +351,42 @@ def test_entry_point_selection_and_faults(tmp_path):
                                                 phantoms=1, workers=0)
     assert len(entries) == 1 and rejected[0]["scan_id"] == "broken~mirror" and "no such file" in rejected[0]["error"]
     assert read_json(tmp_path / "cf3" / "rejected.json") == rejected
+
+
+def test_stage_writes_what_dvc_declares(tmp_path, ts_scan):
+    "The stage notebook, run as DVC runs it (papermill, the params of params.yaml), writes every declared output."
+    import subprocess, sys, yaml
+    root = Path(__file__).resolve().parents[1]
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["counterfactual"]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    assert set(stage["params"]) == {"counterfactual", "generate.min_voxels", "executor"}
+    (tmp_path / "raw" / "s0001").mkdir(parents=True)
+    write_volume(ts_scan.labels, tmp_path / "raw" / "s0001" / "labels.nii.gz")
+    write_json([{"scan_id": "s0001", "labels": "s0001/labels.nii.gz", "image": str(TS / "s0001" / "ct.nii.gz"),
+                 "source": "totalsegmentator"}], tmp_path / "raw" / "scans.json")
+    make_cohort(tmp_path / "phantom", n_subjects=2, seed=0, workers=0)
+    p = params["counterfactual"]
+    dirs = {"data/counterfactual": tmp_path / "data/counterfactual", "results/counterfactual": tmp_path / "results/counterfactual",
+            "figures": tmp_path / "figures"}
+    args = ["-p", "manifests", f"{tmp_path}/raw/scans.json,{tmp_path}/phantom/cohort.json", "-p", "kinds", p["kinds"],
+            "-p", "factors", p["factors"], "-p", "phantoms", "1", "-p", "seed", str(p["seed"]), "-p", "about", str(p["about"]),
+            "-p", "prefer", p["prefer"], "-p", "max_loss", str(p["max_loss"]),
+            "-p", "min_voxels", str(params["generate"]["min_voxels"]), "-p", "workers", "0",
+            "-p", "out", str(dirs["data/counterfactual"]), "-p", "results", str(dirs["results/counterfactual"]),
+            "-p", "figures", str(dirs["figures"])]
+    r = subprocess.run([sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(root), "--log-level",
+                        "WARNING", "--no-progress-bar", str(root / stage["deps"][0]), str(tmp_path / "executed.ipynb"), *args],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    declared = [next(iter(o)) if isinstance(o, dict) else o for o in stage["outs"] + stage["metrics"]]
+    for o in declared:
+        if o.startswith("reports/"): continue
+        top = next(k for k in dirs if o.startswith(k))
+        assert (dirs[top] / o[len(top):].lstrip("/")).exists(), o
+    man = read_json(dirs["data/counterfactual"] / "scans.json")
+    assert {e["original"] for e in man} >= {"s0001"} and len({e["original"] for e in man}) == 2   # s0001 + 1 phantom
+    summary = read_json(dirs["results/counterfactual"] / "summary.json")
+    assert summary["copies"] == len(man) == 4 and summary["rejected"] == 0
+    assert summary["resize_max_volume_error"] <= 0.1
+    t, s, bad = measure_manifests([dirs["data/counterfactual"] / "scans.json"], workers=0)
+    assert bad == [] and set(s.scan_id) == {e["scan_id"] for e in man}
