@@ -7,6 +7,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/counterfactual.html.md"""
 # %% ../nbs/23_counterfactual.ipynb #107d6dee
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections import Counter
@@ -17,11 +18,12 @@ import numpy as np
 import pandas as pd
 from scipy import ndimage
 
-from .anatomy import NAME_TO_ID, TUMOURS, counterpart, label_name, reference_range, side
+from .anatomy import ANATOMY, NAME_TO_ID, TUMOURS, counterpart, label_name, reference_range, side
 from .core import get_logger, parallel_map, read_json, stable_hash, write_json
 from .measure import Structure, measure_labels
-from .questions import (LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, contexts_from_tables, evaluate, fmt_number, host_of,
-                                  structure_weight, vol_larger)
+from .questions import (
+    LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
+    structure_from_row, structure_weight, vol_larger)
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
@@ -124,7 +126,7 @@ def mirror_scan(scan: Scan, about: str | float = "centre", names: Mapping | None
     if scan.image is not None:
         m = mirror_volume(scan.image, x0)
         img = Volume(m.array, lab.affine if np.allclose(scan.image.affine, scan.labels.affine, atol=1e-3) else m.affine)
-    info = dict(kind="mirror", plane_x_mm=x0, about=about if isinstance(about, str) else "x",
+    info = dict(kind="mirror", plane_x_mm=x0, about=str(about),
                 swapped={present[i]: new_names[j] for i, j in remap.items() if present[i] != new_names[j]},
                 unpaired_sided=unpaired, label_names={str(i): n for i, n in new_names.items()})
     return Scan(scan_id or f"{scan.scan_id}~mirror", lab, img), info
@@ -207,6 +209,7 @@ def resize_structure(scan: Scan, target: str | int, factor: float, names: Mappin
             den = ndimage.gaussian_filter(rf.astype(np.float64), sig)
             local = np.divide(num, den, out=np.zeros_like(num), where=den > 1e-6)
             resid = Ib[rf] - local[rf]
+            if not resid.size: raise CounterfactualError(f"{scan.scan_id}: no tissue around {name} to fill its vacated voxels")
             _, near = ndimage.distance_transform_edt(~rf, sampling=sp, return_indices=True)
             nearest = tuple(a[vacated] for a in near)
             rng = np.random.default_rng(int(stable_hash([scan.scan_id, name, float(factor), seed]), 16))
@@ -226,7 +229,6 @@ def resize_structure(scan: Scan, target: str | int, factor: float, names: Mappin
 
 # %% ../nbs/23_counterfactual.ipynb #190d34db
 def _scaled(s: Structure, factor: float) -> Structure:
-    import dataclasses
     return dataclasses.replace(s, voxels=max(1, int(round(s.voxels * factor ** 3))), volume_ml=s.volume_ml * factor ** 3)
 
 def _plausible(name: str, volume_ml: float) -> bool:
@@ -241,7 +243,6 @@ NOT_RESIZED = frozenset({"lung_upper_lobe_left", "lung_lower_lobe_left", "lung_u
 
 def resizable(name: str) -> bool:
     "Whether a structure may be the target of a resize (see above); unknown names are not."
-    from spatialvqa.anatomy import ANATOMY
     info = ANATOMY.get(name)
     return info is not None and info.category in RESIZABLE and name not in NOT_RESIZED
 
@@ -348,7 +349,7 @@ def show_copies(scans: Sequence[Scan], at: Sequence[float] | None = None, window
         fig.savefig(path, dpi=110)
     return fig
 
-# %% ../nbs/23_counterfactual.ipynb #600f9afb
+# %% ../nbs/23_counterfactual.ipynb #8ccfaa1b
 def _structure(m: Mapping) -> Structure:
     "A `Structure` from a question record's `measurements` entry (box rebuilt from its centre and extents)."
     c, e = np.asarray(m["bbox_center_mm"], float), np.asarray(m["extent_mm"], float)
@@ -377,7 +378,7 @@ def flipped(original: Mapping, counter: Mapping) -> bool:
     lo, hi = sorted((abs(v0), abs(v1)))
     return abs(v1 - v0) > t0 + t1 and (lo == 0 or hi / lo >= MIN_RATIO)
 
-def counterfactual_record(record: Mapping, context, kind: str, source: str | None = None,
+def counterfactual_record(record: Mapping, context: ScanContext, kind: str, source: str | None = None,
                           image: str | None = None, labels: str | None = None,
                           unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None
                           ) -> tuple[dict | None, str | None]:
@@ -426,7 +427,7 @@ def counterfactual_record(record: Mapping, context, kind: str, source: str | Non
     out["flipped"] = flipped(record, out)
     return out, None
 
-# %% ../nbs/23_counterfactual.ipynb #94bbcbae
+# %% ../nbs/23_counterfactual.ipynb #23998ded
 def _col(r, k, default=None):
     v = r.get(k, default)
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
@@ -439,7 +440,6 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
     contexts = contexts_from_tables(structures, scans, min_voxels)
     others = None
     if originals is not None:
-        from spatialvqa.questions import structure_from_row
         others = {str(sid): {str(r["name"]): structure_from_row(r) for _, r in t.iterrows()}
                   for sid, t in originals.groupby("scan_id")}
     by_scan: dict[str, list[Mapping]] = {}
@@ -458,7 +458,7 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
                               sum(r["flipped"] for r in out), len(dropped))
     return sorted(out, key=lambda r: r["qid"]), pd.DataFrame(dropped, columns=["qid", "copy", "kind", "task", "reason"])
 
-# %% ../nbs/23_counterfactual.ipynb #b6169779
+# %% ../nbs/23_counterfactual.ipynb #a8a052e9
 def pair_frame(counterfactuals: Iterable[Mapping]) -> pd.DataFrame:
     "Both members of every pair: `pair_id`, `qid`, `member` ('original' | 'counterfactual'), `kind`, `task`, `flipped`."
     rows = []
@@ -474,6 +474,7 @@ def pair_accuracy(scored: pd.DataFrame, by: str | Sequence[str] | None = None) -
     need = [c for c in ("qid", "pair_id", "correct", *by) if c not in scored.columns]
     if need: raise ValueError(f"scored lacks column(s) {need}")
     df = scored.copy()
+    if df["correct"].isna().any(): raise ValueError("correct has missing values; score every member (an unanswered one is wrong)")
     df["correct"] = df["correct"].astype(bool)
     if "flipped" not in df.columns: df["flipped"] = False
     g = df.groupby(by + ["pair_id"], sort=True)
@@ -488,7 +489,7 @@ def pair_accuracy(scored: pd.DataFrame, by: str | Sequence[str] | None = None) -
     if not by: return summary(per).to_frame().T.astype({"pairs": int, "flip_pairs": int})
     return per.groupby(by).apply(summary, include_groups=False).astype({"pairs": int, "flip_pairs": int})
 
-# %% ../nbs/23_counterfactual.ipynb #51b0d39e
+# %% ../nbs/23_counterfactual.ipynb #ef2bd7b2
 def source_of(rec: Mapping) -> str:
     "The dataset a manifest record comes from: its `source`, else 'phantom' for phantom records, else 'unknown'."
     s = rec.get("source")
@@ -516,9 +517,7 @@ def select_scans(records: Sequence[Mapping], phantoms: int = 4, seed: int = 0) -
     keep = set(rng.choice(ph, size=min(int(phantoms), len(ph)), replace=False).tolist()) if ph and phantoms > 0 else set()
     return [dict(r) for r in records if source_of(r) != "phantom" or str(r["scan_id"]) in keep]
 
-# %% ../nbs/23_counterfactual.ipynb #e84537a2
-_SCALARS = (str, int, float, bool)
-
+# %% ../nbs/23_counterfactual.ipynb #df62252d
 class _Job:  # picklable for worker processes
     def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer):
         self.out, self.kinds, self.factors, self.about = str(out), tuple(kinds), tuple(factors), about
