@@ -30,7 +30,8 @@ from .scan import Scan, Volume, read_scan, write_volume
 __all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'present_names', 'mirror_affine', 'mirror_volume',
            'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'resizable',
            'resize_candidates', 'resize_auto', 'show_copies', 'flipped', 'counterfactual_record', 'pair_questions',
-           'pair_frame', 'pair_accuracy', 'source_of', 'read_manifests', 'select_scans', 'make_counterfactuals']
+           'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of', 'read_manifests', 'select_scans',
+           'make_counterfactuals']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -299,7 +300,7 @@ def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mappi
             tried.append(f"{n} x{f:g}: volume outside the reference range"); continue
         info["why"], info["rejected_candidates"] = why, tried
         return out, info
-    raise CounterfactualError(f"{scan.scan_id}: no structure can be resized ({'; '.join(tried) or 'no candidate'})")
+    raise CounterfactualError(f"{scan.scan_id}: no structure can be resized ({'; '.join(tried) or 'no resizable structure clear of the border of the scan'})")
 
 # %% ../nbs/23_counterfactual.ipynb #d3a673ed
 _COLOURS = np.random.default_rng(7).uniform(0.25, 1.0, (1024, 3))   # one fixed colour per label id, in every panel
@@ -490,11 +491,15 @@ def pair_accuracy(scored: pd.DataFrame, by: str | Sequence[str] | None = None) -
     return per.groupby(by).apply(summary, include_groups=False).astype({"pairs": int, "flip_pairs": int})
 
 # %% ../nbs/23_counterfactual.ipynb #ef2bd7b2
+def is_phantom(rec: Mapping) -> bool:
+    "Whether a manifest record is a phantom (convert's `dataset` 'phantom', source 'phantom', or a phantom manifest's own record)."
+    return rec.get("dataset") == "phantom" or rec.get("source") == "phantom" or "phantom_version" in rec
+
 def source_of(rec: Mapping) -> str:
     "The dataset a manifest record comes from: its `source`, else 'phantom' for phantom records, else 'unknown'."
     s = rec.get("source")
     if s: return str(s)
-    return "phantom" if "phantom_version" in rec else "unknown"
+    return "phantom" if is_phantom(rec) else "unknown"
 
 def read_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]) -> list[dict]:
     "The records of the JSON manifests, with relative paths that do not exist from here resolved against the manifest."
@@ -512,10 +517,10 @@ def read_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]) -
 
 def select_scans(records: Sequence[Mapping], phantoms: int = 4, seed: int = 0) -> list[dict]:
     "Every non-phantom record, and `phantoms` phantom records drawn with `seed` (all when fewer), in input order."
-    ph = sorted(str(r["scan_id"]) for r in records if source_of(r) == "phantom")
+    ph = sorted(str(r["scan_id"]) for r in records if is_phantom(r))
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 23]))
     keep = set(rng.choice(ph, size=min(int(phantoms), len(ph)), replace=False).tolist()) if ph and phantoms > 0 else set()
-    return [dict(r) for r in records if source_of(r) != "phantom" or str(r["scan_id"]) in keep]
+    return [dict(r) for r in records if not is_phantom(r) or str(r["scan_id"]) in keep]
 
 # %% ../nbs/23_counterfactual.ipynb #df62252d
 class _Job:  # picklable for worker processes

@@ -66,7 +66,9 @@ def _aligned(labels: Volume, image: Volume) -> Volume:
 def dicom_scan() -> Scan:
     img = read_volume(_need(TS / "dicom_example" / "ct"))
     lab = _aligned(read_labels(_need(TS / "dicom_example" / "seg.nii.gz")), img)
-    return Scan("dicom_example", lab, img)
+    scan = read_scan(TS / "dicom_example" / "seg.nii.gz", TS / "dicom_example" / "ct", "dicom_example")
+    assert np.array_equal(scan.labels.array, lab.array) and np.allclose(scan.labels.affine, img.affine, atol=1e-3)
+    return scan
 
 
 @pytest.fixture(scope="module")
