@@ -17,11 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-from scipy import ndimage
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
-from scipy.spatial import cKDTree
 
 from .anatomy import label_name
 from .core import get_logger, parallel_map, read_json
@@ -146,78 +141,6 @@ def _merge_stats(parts: list[dict]) -> dict:
             np.maximum.at(out["whi"][ax], inv, cat["whi"][ax])
     return out
 
-# %% ../nbs/04_measure.ipynb #50532f9e
-_NEIGHBOUR_ROWS = {  # (di, dj, k reach): the following rows a run can touch, and how far k may differ
-    6: ((0, 1, 0), (1, 0, 0)),
-    18: ((0, 1, 1), (1, 0, 1), (1, -1, 0), (1, 1, 0)),
-    26: ((0, 1, 1), (1, 0, 1), (1, -1, 1), (1, 1, 1)),
-}
-
-def _check_connectivity(connectivity: int) -> None:
-    if connectivity not in _NEIGHBOUR_ROWS: raise ValueError(f"connectivity must be 6, 18 or 26, got {connectivity!r}")
-
-def _run_edges(start, length, value, shape, connectivity: int = 26):
-    """Touching runs of the same label: `(a, b, order)`, runs `order[a[e]]` and `order[b[e]]` touch, the second in a
-    following row. Runs are given by flat C-order starts in an array of `shape`, lengths and labels."""
-    I, J, K = shape
-    N, R = I * J * K, len(start)
-    order = np.argsort(value.astype(np.min_scalar_type(int(value.max()))), kind="stable")  # radix sort for small ids
-    lab = value[order]
-    dense = np.zeros(R, np.int64)
-    np.cumsum(lab[1:] != lab[:-1], out=dense[1:])  # 0, 1, 2 ... per label, so keys stay small
-    it = np.int32 if (int(dense[-1]) + 2) * N < 2**31 else np.int64
-    s, ln = start[order].astype(it), length[order].astype(it)
-    row = s // K
-    k0 = s - row * K
-    k1 = k0 + ln - 1
-    key_s = dense.astype(it) * N + s   # sorted: by label, then position
-    key_e = key_s + ln - 1
-    row_key = key_s - k0                # key of the run's row start
-    i = row // J
-    j = row - i * J
-    edge = {"i": i < I - 1, "j+": j < J - 1, "j-": j > 0}
-    k0r, k1r = np.maximum(k0 - 1, 0), np.minimum(k1 + 1, K - 1)  # k range one voxel wider, for edge/corner contact
-    a, b = [], []
-    for di, dj, reach in _NEIGHBOUR_ROWS[connectivity]:
-        base = row_key + (di * J + dj) * K
-        q0, q1 = base + (k0r if reach else k0), base + (k1r if reach else k1)  # the k range to touch, in that row
-        lo = np.searchsorted(key_e, q0, "left")  # the first run (of this label) ending at or after q0
-        ok = (lo < R) & (key_s[np.minimum(lo, R - 1)] <= q1)  # it starts by q1: the runs touch
-        if di: ok &= edge["i"]
-        if dj: ok &= edge["j+" if dj > 0 else "j-"]
-        nxt = np.minimum(lo + 1, R - 1)
-        many = ok & (lo + 1 < R) & (key_s[nxt] <= q1)  # the next one touches too (rare): count them all
-        one = np.flatnonzero(ok & ~many)
-        a.append(one); b.append(lo[one])
-        many = np.flatnonzero(many)
-        if len(many):
-            nm = np.searchsorted(key_s, q1[many], "right") - lo[many]
-            a.append(np.repeat(many, nm))
-            b.append(np.repeat(lo[many] - (np.cumsum(nm) - nm), nm) + np.arange(int(nm.sum())))
-    return np.concatenate(a), np.concatenate(b), order
-
-def _pieces(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
-    "Connected components of the undirected graph on `n` nodes with edges `a[e]`-`b[e]`."
-    g = csr_matrix((np.ones(len(a), np.int8), (a, b)), shape=(n, n))
-    return connected_components(g, directed=False)
-
-def _run_pieces(start, length, value, shape, connectivity: int = 26) -> tuple[int, np.ndarray]:
-    "Number of connected pieces among the runs, and the piece of each run."
-    a, b, order = _run_edges(start, length, value, shape, connectivity)
-    n, comp_sorted = _pieces(len(start), a, b)
-    comp = np.empty(len(start), np.int64)
-    comp[order] = comp_sorted
-    return n, comp
-
-def _components_of_runs(start, length, value, shape, connectivity: int = 26) -> dict[int, int]:
-    "Number of connected pieces of each label, from all its runs."
-    if not len(start): return {}
-    n, comp = _run_pieces(start, length, value, shape, connectivity)
-    lab = np.zeros(n, np.int64)
-    lab[comp] = value
-    ids, cnt = np.unique(lab, return_counts=True)
-    return dict(zip(ids.tolist(), cnt.tolist()))
-
 # %% ../nbs/04_measure.ipynb #06046eb3
 def _is_axis_aligned(m: np.ndarray) -> bool:
     "True when every world axis follows exactly one index axis (a scaled, possibly flipped permutation)."
@@ -229,12 +152,10 @@ def _slab_runs(view: np.ndarray, i0: int, i1: int) -> tuple[np.ndarray, np.ndarr
     s = np.ascontiguousarray(view[i0:i1])
     return _runs(s.view(np.uint8) if s.dtype == bool else s)
 
-def _slab(runs, i0: int, shape: tuple[int, int, int], m: np.ndarray, t: np.ndarray, oblique: bool,
-          connectivity: int | None) -> tuple[dict | None, dict | None]:
-    "Statistics (and pieces, when `connectivity`) of the runs of a slab of `shape` starting at plane `i0`."
-    start, value, length = runs
-    if not len(start): return None, None
-    value = _label_ids(value)
+def _slab_stats(start, value, length, i0: int, shape: tuple[int, int, int], m: np.ndarray, t: np.ndarray,
+                oblique: bool) -> dict | None:
+    "Statistics of the runs (`value`: label ids) of a slab of `shape` starting at plane `i0`."
+    if not len(start): return None
     h, J, K = shape
     row = start // K
     k0 = start - row * K
@@ -246,43 +167,72 @@ def _slab(runs, i0: int, shape: tuple[int, int, int], m: np.ndarray, t: np.ndarr
         base = m[:, :2] @ np.stack([i + i0, j]) + t[:, None]
         w0, w1 = base + m[:, 2:3] * k0, base + m[:, 2:3] * k1
         wlo, whi = np.minimum(w0, w1), np.maximum(w0, w1)
-    stats = _group_stats(value, length, i + i0, j, k0, k1, wlo, whi)
-    if connectivity is None: return stats, None
-    n, comp = _run_pieces(start, length, value, shape, connectivity)
-    lab = np.zeros(n, np.int64)
-    lab[comp] = value
-    plane = J * K
-    first, last = i == 0, i == h - 1
-    pieces = dict(n=n, label=lab,
-                  first=(start[first], length[first], value[first], comp[first]),
-                  last=(start[last] - (h - 1) * plane, length[last], value[last], comp[last]))
-    return stats, pieces
+    return _group_stats(value, length, i + i0, j, k0, k1, wlo, whi)
 
-def _stitch(pieces: list[dict | None], plane_shape: tuple[int, int], connectivity: int) -> dict[int, int]:
-    "Pieces per label over all slabs: join pieces whose runs touch across each slab boundary."
-    J, K = plane_shape
-    offset, labels, a, b = 0, [], [], []
-    prev = None  # (last-plane runs, node offset) of the slab above, when it touches this one
-    for p in pieces:
-        if p is None:
-            prev = None
-            continue
-        if prev is not None:
-            (s0, l0, v0, c0), off0 = prev
-            s1, l1, v1, c1 = p["first"]
-            if len(s0) and len(s1):
-                e0, e1, order = _run_edges(np.r_[s0, s1 + J * K], np.r_[l0, l1], np.r_[v0, v1], (2, J, K), connectivity)
-                node = np.r_[c0 + off0, c1 + offset][order]
-                a.append(node[e0]); b.append(node[e1])
-        labels.append(p["label"])
-        prev = (p["last"], offset)
-        offset += p["n"]
-    if not labels: return {}
-    n, comp = _pieces(offset, np.concatenate(a or [np.zeros(0, int)]), np.concatenate(b or [np.zeros(0, int)]))
-    lab = np.zeros(n, np.int64)
-    lab[comp] = np.concatenate(labels)
-    ids, cnt = np.unique(lab, return_counts=True)
-    return dict(zip(ids.tolist(), cnt.tolist()))
+
+# %% ../nbs/04_measure.ipynb #50532f9e
+_CONNECTIVITIES = (6, 18, 26)
+
+def _check_connectivity(connectivity: int) -> None:
+    if connectivity not in _CONNECTIVITIES: raise ValueError(f"connectivity must be 6, 18 or 26, got {connectivity!r}")
+
+def _cc3d_input(a: np.ndarray) -> np.ndarray:
+    "`a` as cc3d reads it (writeable, C-ordered, a native-endian type it knows), with the same equal voxels."
+    if a.dtype.kind == "b": a = a.view(np.uint8)
+    elif a.dtype.kind == "f" and a.dtype.itemsize not in (4, 8): a = a.astype(np.float64)
+    elif not a.dtype.isnative: a = a.astype(a.dtype.newbyteorder("="))
+    return a if a.flags.c_contiguous and a.flags.writeable else np.array(a, order="C")
+
+def _slab_pieces(view: np.ndarray, i0: int, i1: int, start: np.ndarray, connectivity: int
+                 ) -> tuple[int, np.ndarray, np.ndarray | None]:
+    """Pieces of `view[i0:i1]` together with the plane after it (when there is one), all labels at once: how many,
+    the piece of each run (`start`: flat C-order run starts in the slab) and the piece of each voxel of that plane."""
+    import cc3d
+    s = view[i0:min(i1 + 1, view.shape[0])]
+    ids, n = cc3d.connected_components(_cc3d_input(s), connectivity=connectivity, return_N=True)
+    ids = ids.reshape(-1)
+    after = ids[(i1 - i0) * s.shape[1] * s.shape[2]:].copy() if i1 < view.shape[0] else None
+    return n, ids[start], after
+
+
+# %% ../nbs/04_measure.ipynb #e5c2a7d1
+def _roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    "The smallest node of the connected component of each of `n` nodes, given undirected edges `a[e]`-`b[e]`."
+    p = np.arange(n)
+    while True:
+        pa, pb = p[a], p[b]
+        cross = pa != pb
+        if not cross.any(): return p
+        np.minimum.at(p, np.maximum(pa, pb)[cross], np.minimum(pa, pb)[cross])
+        while not np.array_equal(q := p[p], p): p = q
+
+class _Pieces:
+    "The pieces of successive slabs, joined through the planes they share; `counts()`: pieces per label."
+    def __init__(self, plane: int):
+        self.plane, self.labels, self.a, self.b, self.n, self.last = plane, [], [], [], 0, None
+
+    def add(self, n: int, run_piece: np.ndarray, after: np.ndarray | None, start: np.ndarray, value: np.ndarray):
+        "The next slab: `_slab_pieces`'s answer, and its runs' flat `start`s and labels."
+        lab = np.zeros(n + 1, np.int64)  # node 0 of each slab: the background
+        lab[run_piece] = value
+        if self.last is not None:  # the previous slab labelled this slab's first plane too: join run by run
+            prev_after, prev_lab, off = self.last
+            first = start < self.plane
+            p = prev_after[start[first]]
+            prev_lab[p] = value[first]  # its pieces that lie only in this plane have no run of their own there
+            self.a.append(p.astype(np.int64) + off)
+            self.b.append(run_piece[first].astype(np.int64) + self.n)
+        self.labels.append(lab)
+        self.last = None if after is None else (after, lab, self.n)
+        self.n += n + 1
+
+    def counts(self) -> dict[int, int]:
+        if not self.labels: return {}
+        lab = np.concatenate(self.labels)
+        a, b = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (self.a, self.b))
+        ids, cnt = np.unique(lab[np.unique(_roots(len(lab), a, b)[lab > 0])], return_counts=True)
+        return dict(zip(ids.tolist(), cnt.tolist()))
+
 
 # %% ../nbs/04_measure.ipynb #45089658
 def _namer(labelmap: Mapping[int | str, str] | None) -> Callable[[int], str]:
@@ -306,11 +256,12 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
     """Measure every non-zero label of a 3D label map in one pass; `affine` maps voxel index to RAS+ mm.
 
     Returns one `Structure` per label present, sorted by label. `components`: also count connected pieces
-    (`connectivity` 6, 18 or 26). `labelmap`: id -> name overrides. `threads`: threads run-length encoding
+    (`connectivity` 6, 18 or 26; with cc3d). `labelmap`: id -> name overrides. `threads`: threads run-length encoding
     slabs (default: the machine's cores, at most 8)."""
     labels = np.asarray(labels)
     if labels.ndim != 3: raise ValueError(f"need a 3D label map, got shape {labels.shape}")
     if components: _check_connectivity(connectivity)
+    if labels.dtype.kind not in "biuf": raise ValueError(f"label map has non-numeric dtype {labels.dtype}")
     affine = np.asarray(affine, dtype=np.float64)
     m, t = affine[:3, :3], affine[:3, 3]
     order = _memory_order(labels)
@@ -320,15 +271,18 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
     step = max(1, _SLAB_VOXELS // max(J * K, 1))
     bounds = [(i0, min(i0 + step, I)) for i0 in range(0, I, step)]
     threads = min(threads or min(os.cpu_count() or 1, 8), len(bounds))
-    stats, pieces = [], []
+    def work(b):
+        runs = _slab_runs(view, *b)
+        return runs, (_slab_pieces(view, *b, runs[0], connectivity) if components else None)
+    stats, pieces = [], _Pieces(J * K)
     with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as ex:
-        for (i0, i1), runs in zip(bounds, _ahead(ex, lambda b: _slab_runs(view, *b), bounds, 2 * threads)):
-            st_, pc = _slab(runs, i0, (i1 - i0, J, K), mv, t, oblique, connectivity if components else None)
-            stats.append(st_)
-            pieces.append(pc)
+        for (i0, i1), ((start, value, length), pc) in zip(bounds, _ahead(ex, work, bounds, 2 * threads)):
+            value = _label_ids(value)
+            stats.append(_slab_stats(start, value, length, i0, (i1 - i0, J, K), mv, t, oblique))
+            if pc is not None: pieces.add(*pc, start, value)
     st = _merge_stats(stats)
     if not len(st["ids"]): return []
-    counts = _stitch(pieces, (J, K), connectivity) if components else None
+    counts = pieces.counts() if components else None
     centroid = (mv @ (st["sums"] / st["count"]) + t[:, None]).T
     if oblique: wlo, whi = st["wlo"].T, st["whi"].T
     else:  # the world box is the image of the index box: its extremes are among the 8 corners
@@ -352,6 +306,7 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
 # %% ../nbs/04_measure.ipynb #20885bdd
 def structures_table(structures: Iterable[Structure]) -> pd.DataFrame:
     "One row per structure: label, name, voxels, volume, centroid, world box, extents, components."
+    import pandas as pd
     rows = []
     for s in structures:
         r = {"label": s.label, "name": s.name, "voxels": s.voxels, "volume_ml": s.volume_ml}
@@ -403,6 +358,7 @@ def direction(a, b, ratio: float = 1.0, min_mm: float = 0.0, by: str = "centroid
 # %% ../nbs/04_measure.ipynb #a8ccf57b
 def boundary_voxels(labels: np.ndarray, structure: Structure | int) -> np.ndarray:
     "Indices `(n, 3)` of the voxels of `structure` with at least one of their 26 neighbours outside it."
+    from scipy import ndimage
     labels = np.asarray(labels)
     if isinstance(structure, Structure): l, lo, hi = structure.label, structure.index_min, structure.index_max
     else:
@@ -419,6 +375,7 @@ def boundary_voxels(labels: np.ndarray, structure: Structure | int) -> np.ndarra
 def surface_distance(labels: np.ndarray, affine: np.ndarray, a: Structure | int, b: Structure | int,
                      _points: Mapping | None = None) -> float:
     "Smallest voxel-centre distance in mm between structures `a` and `b`; 0 when they touch (26-neighbours)."
+    from scipy.spatial import cKDTree
     la, lb = (x.label if isinstance(x, Structure) else int(x) for x in (a, b))
     if la == lb: return 0.0
     pa, pb = ((_points[l] if _points is not None and l in _points else boundary_voxels(labels, x))
@@ -433,6 +390,7 @@ def surface_distance(labels: np.ndarray, affine: np.ndarray, a: Structure | int,
 def pairs_table(structures: Sequence[Structure], labels: np.ndarray | None = None, affine: np.ndarray | None = None,
                 ratio: float = 1.0) -> pd.DataFrame:
     "One row per unordered pair `a < b`: distances (mm), the offset of `a` from `b` and `direction(a, b, ratio)`."
+    import pandas as pd
     structures = sorted(structures, key=lambda s: s.label)
     pts = {s.label: boundary_voxels(labels, s) for s in structures} if labels is not None else None
     rows = []
@@ -495,6 +453,7 @@ def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]
 
     Returns the structures table (one row per structure, keyed by `scan_id`, `label`, with the scan's `source`),
     the scans table (the manifest's plain fields too) and the rejected scans (`scan_id`, `source`, `labels`, `error`)."""
+    import pandas as pd
     if isinstance(manifests, (str, os.PathLike)): manifests = [manifests]
     recs = []
     for m in manifests:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import SimpleITK as sitk
+from hypothesis import given, settings, strategies as st
 from scipy import ndimage
 
 import spatialvqa.measure as M
@@ -211,6 +212,82 @@ def test_corner_contact_depends_on_connectivity():
     assert measure_labels(a, np.eye(4), connectivity=26)[0].components == 1
     assert measure_labels(a, np.eye(4), connectivity=18)[0].components == 2
     assert measure_labels(a, np.eye(4), connectivity=6)[0].components == 3
+
+
+def ndimage_counts(a, connectivity):
+    "Pieces of each label, `scipy.ndimage.label` label by label (the independent reference)."
+    s = ndimage.generate_binary_structure(3, {6: 1, 18: 2, 26: 3}[connectivity])
+    return {int(l): ndimage.label(a == l, s)[1] for l in np.unique(a) if l != 0}
+
+
+def random_map(rng, shape, n_labels, block):
+    "Labels in blocks of `block` voxels (organ-like patches) with speckle noise (thin, corner-touching bits)."
+    coarse = rng.integers(0, n_labels + 1, tuple(max(1, -(-s // block)) for s in shape))
+    a = coarse.repeat(block, 0).repeat(block, 1).repeat(block, 2)[: shape[0], : shape[1], : shape[2]]
+    return np.where(rng.random(shape) < rng.uniform(0, 0.3), rng.integers(0, n_labels + 1, shape), a)
+
+
+LAYOUTS = {
+    "C": lambda a: np.ascontiguousarray(a),
+    "F": lambda a: np.asfortranarray(a),                      # as nibabel returns NIfTI arrays
+    "flipped view": lambda a: a[::-1, :, ::-1].copy()[::-1, :, ::-1],   # negative strides, not contiguous
+    "transposed": lambda a: np.ascontiguousarray(a.transpose(2, 0, 1)).transpose(1, 2, 0),
+    "read-only": lambda a: np.lib.stride_tricks.as_strided(a, writeable=False),   # as a memory-mapped file
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), shape=st.tuples(*[st.integers(1, 13)] * 3), n_labels=st.integers(1, 6),
+       block=st.integers(1, 4), layout=st.sampled_from(sorted(LAYOUTS)),
+       dtype=st.sampled_from(["u1", "i2", ">i2", "u2", "i4", "<u4", "i8", "f2", "f4", ">f8", "bool"]),
+       oblique=st.booleans(), slab_planes=st.integers(1, 14), threads=st.integers(1, 3))
+def test_components_equal_ndimage_label_per_label(seed, shape, n_labels, block, layout, dtype, oblique, slab_planes, threads):
+    "All labels counted in one pass, slab by slab, equal `ndimage.label` run on each label alone, for 6, 18 and 26."
+    rng = np.random.default_rng(seed)
+    a = random_map(rng, shape, 1 if dtype == "bool" else n_labels, block).astype(dtype)
+    rot = rotation(int(rng.integers(3)), float(rng.uniform(-40, 40))) @ rotation(0, 17) if oblique else None
+    aff = affine(spacing=rng.uniform(0.5, 3, 3), flip=rng.random(3) < 0.5, rot=rot)
+    arr = LAYOUTS[layout](a)
+    old = M._SLAB_VOXELS
+    try:
+        M._SLAB_VOXELS = slab_planes * int(np.prod(sorted(shape)[:2]))  # a slab holds about `slab_planes` planes
+        for conn in (6, 18, 26):
+            got = measure_labels(arr, aff, connectivity=conn, threads=threads)
+            assert {s.label: s.components for s in got} == ndimage_counts(a, conn)
+            assert {s.label: s.voxels for s in got} == {int(l): int((a == l).sum()) for l in np.unique(a) if l != 0}
+    finally:
+        M._SLAB_VOXELS = old
+
+
+def test_components_where_slabs_meet():
+    "A U whose arms join only in its last plane; a piece lying only in the plane two slabs share; 1-plane slabs."
+    a = np.zeros((9, 5, 5), np.uint8)
+    a[0:9, 0, 0] = a[8, 0:5, 0] = a[0:9, 4, 0] = 2
+    a[4, 2, 2] = 2
+    a[3, 2, 4] = 5            # alone in plane 3: with 3-plane slabs, the plane that slabs 0-2 and 3-5 share
+    a[6, 3, 3] = a[5, 2, 2] = 6   # a diagonal pair across a slab boundary (26: one piece, 6: two)
+    for planes in (1, 2, 3, 4, 9):
+        for conn in (6, 26):
+            old = M._SLAB_VOXELS
+            try:
+                M._SLAB_VOXELS = planes * 25
+                assert {s.label: s.components for s in measure_labels(a, np.eye(4), connectivity=conn)} == ndimage_counts(a, conn)
+            finally:
+                M._SLAB_VOXELS = old
+    assert ndimage_counts(a, 26) == {2: 2, 5: 1, 6: 1} and ndimage_counts(a, 6)[6] == 2
+
+
+def test_label_map_of_big_organ_like_volume_equals_ndimage():
+    "An organ-like map with many labels, several slabs and threads: the counts of `ndimage.label` label by label."
+    rng = np.random.default_rng(7)
+    a = random_map(rng, (60, 70, 50), 40, 6).astype(np.uint8)
+    a[rng.random(a.shape) < 0.002] = 41   # scattered single voxels: many pieces of one label
+    got = {s.label: s.components for s in measure_labels(np.asfortranarray(a), affine(), threads=2)}
+    assert got == ndimage_counts(a, 26) and got[41] > 100
+
+
+def test_non_numeric_label_map_is_refused():
+    with pytest.raises(ValueError, match="non-numeric dtype"): measure_labels(np.zeros((2, 2, 2), complex), np.eye(4))
 
 
 # --- pairwise ------------------------------------------------------------------------------------------------------
