@@ -10,15 +10,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-
-from .core import get_logger, write_json
 
 # %% auto #0
 __all__ = ['parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #8517f92e
 def _measure(a) -> int:
+    from spatialvqa.core import get_logger, write_json
     from spatialvqa.measure import measure_file
     res = measure_file(a.labels, a.image, components=not a.no_components)
     write_json(res, a.out)
@@ -27,6 +27,7 @@ def _measure(a) -> int:
 
 # %% ../nbs/15_cli.ipynb #34d476ab
 def _fetch(a) -> int:
+    from spatialvqa.core import write_json
     from spatialvqa.fetch import fetch_source
     recs = [dict(source=s, **r) for s in a.source
             for r in fetch_source(s, a.out, mirror=a.mirror or None, online=not a.offline, base_url=a.base_url)]
@@ -39,10 +40,21 @@ def _phantom(a) -> int:
     return 0
 
 # %% ../nbs/15_cli.ipynb #ef76f228
-_PLUGINS: tuple[str, ...] = ("spatialvqa.convert", "spatialvqa.metrics", "spatialvqa.validate", "spatialvqa.export", "spatialvqa.models", "spatialvqa.reports", "spatialvqa.views")
+_PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
+    "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
+    "spatialvqa.metrics": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
+                           "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions"},
+    "spatialvqa.validate": {"validate": "filter a Track A benchmark: plausibility, near-duplicates, blind answerers",
+                            "reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
+    "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},
+    "spatialvqa.models": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
+    "spatialvqa.reports": {"ctrate-download": "download CT-RATE volumes (HF token in the environment) with their metadata applied",
+                           "report-qa": "rule-based spatial QA pairs from radiology reports (offline)"},
+    "spatialvqa.views": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
+}
 
-def parser() -> argparse.ArgumentParser:
-    "The argument parser of the `spatialvqa` command."
+def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
+    "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
     p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="measure every structure of a label map (RAS+ mm) to JSON")
@@ -65,17 +77,31 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int, default=None)
     g.set_defaults(func=_phantom)
     # modules that bring their own subcommands
-    for mod in _PLUGINS: importlib.import_module(mod).add_cli(sub)
+    for mod, commands in _PLUGINS.items():
+        if load(mod): importlib.import_module(mod).add_cli(sub)
+        else:
+            for name, help in commands.items(): sub.add_parser(name, help=help).set_defaults(func=None)
     return p
 
+def parser() -> argparse.ArgumentParser:
+    "The argument parser of the `spatialvqa` command, every subcommand with its arguments."
+    return _parser(lambda mod: True)
+
 # %% ../nbs/15_cli.ipynb #84d63b7a
+def _user_error(e: BaseException) -> bool:
+    "Bad input that the library reports in a sentence: `ScanError` is a `ValueError`, `FetchError` exists once fetch is loaded."
+    fetch = sys.modules.get("spatialvqa.fetch")
+    return isinstance(e, (FileNotFoundError, KeyError, ValueError)) or (fetch is not None and isinstance(e, fetch.FetchError))
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `spatialvqa` console script."
-    from spatialvqa.scan import ScanError
-    from spatialvqa.fetch import FetchError
-    a = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((x for x in argv if not x.startswith("-")), None)  # the only positional before the subcommand's
+    a = _parser(lambda mod: command in _PLUGINS[mod]).parse_args(argv)
+    if a.func is None: a = parser().parse_args(argv)  # a listed subcommand that `command` did not name (never expected)
     try: return a.func(a)
-    except (ScanError, FetchError, FileNotFoundError, KeyError, ValueError) as e:
+    except Exception as e:
+        if not _user_error(e): raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"spatialvqa {a.command}: error: {msg}", file=sys.stderr)
         return 2

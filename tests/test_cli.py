@@ -180,3 +180,45 @@ def test_fetch_totalsegmentator_from_mirror(tmp_path):
     (bad / "s0001/ct.nii.gz").write_bytes(bytes(raw))
     r = run("fetch", "totalsegmentator", "--out", tmp_path / "out2", "--mirror", tmp_path / "bad", "--offline")
     assert r.returncode == 2 and "s0001/ct.nii.gz: checksum mismatch" in r.stderr and "Traceback" not in r.stderr
+# --- start-up: each subcommand imports what it runs ----------------------------------------------------------------
+
+HEAVY = ("pandas", "scipy.ndimage", "scipy.sparse", "scipy.spatial", "matplotlib", "torch", "sklearn",
+         "sentence_transformers", "pyarrow", "transformers")
+
+
+def modules_after(*args):
+    "The modules loaded by a process that runs `spatialvqa *args` (through `cli.main`) and its exit status."
+    code = ("import json, sys\nfrom spatialvqa.cli import main\ntry: rc = main(sys.argv[1:])\n"
+            "except SystemExit as e: rc = e.code\nprint(json.dumps([rc, sorted(sys.modules)]))")
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                       env={**os.environ, "SPATIALVQA_PROGRESS": "0"})
+    rc, mods = json.loads(r.stdout.splitlines()[-1])
+    return rc, set(mods)
+
+
+def test_help_imports_no_library(tmp_path):
+    rc, mods = modules_after("--help")
+    assert rc == 0
+    assert not {m for m in mods if m.split(".")[0] in ("numpy", "nibabel", "yaml") or m.startswith(HEAVY)}, \
+        sorted(m for m in mods if m.startswith(("numpy", "nibabel", *HEAVY)))[:10]
+
+
+def test_measure_imports_only_what_it_needs(tmp_path, lps_labels):
+    path, a, aff = lps_labels
+    rc, mods = modules_after("measure", path, "--out", tmp_path / "m.json")
+    assert rc == 0 and (tmp_path / "m.json").exists()
+    assert {"numpy", "nibabel", "cc3d", "spatialvqa.measure"} <= mods
+    assert not {m for m in mods if m.startswith(HEAVY)}, sorted(m for m in mods if m.startswith(HEAVY))
+    rc, mods = modules_after("measure", path, "--no-components", "--out", tmp_path / "m2.json")
+    assert rc == 0 and "cc3d" not in mods
+
+
+def test_help_lists_every_subcommand_without_importing_them():
+    "The listing built from `_PLUGINS` is the full parser's, and a plugin's own help has its arguments."
+    from spatialvqa.cli import parser
+    r = run("--help")
+    assert r.returncode == 0 and r.stdout == parser().format_help()
+    r = run("validate", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: spatialvqa validate") and "--out" in r.stdout
+    r = run("no-such-command")
+    assert r.returncode == 2 and "invalid choice: 'no-such-command'" in r.stderr and "views" in r.stderr
