@@ -17,7 +17,15 @@ from pathlib import Path
 __all__ = ['parser', 'main']
 
 # %% ../nbs/15_cli.ipynb #8517f92e
+def _nibabel_without_pydicom() -> None:
+    "Import nibabel without letting it import pydicom (see above); a no-op once either is loaded."
+    if "nibabel" in sys.modules or "pydicom" in sys.modules: return
+    sys.modules["pydicom"] = None  # `import pydicom` now fails: nibabel's optional_package goes on without it
+    try: import nibabel  # noqa: F401
+    finally: del sys.modules["pydicom"]
+
 def _measure(a) -> int:
+    _nibabel_without_pydicom()
     from spatialvqa.core import get_logger, write_json
     from spatialvqa.measure import measure_file
     res = measure_file(a.labels, a.image, components=not a.no_components)

@@ -208,9 +208,23 @@ def test_measure_imports_only_what_it_needs(tmp_path, lps_labels):
     rc, mods = modules_after("measure", path, "--out", tmp_path / "m.json")
     assert rc == 0 and (tmp_path / "m.json").exists()
     assert {"numpy", "nibabel", "cc3d", "spatialvqa.measure"} <= mods
-    assert not {m for m in mods if m.startswith(HEAVY)}, sorted(m for m in mods if m.startswith(HEAVY))
+    assert not {m for m in mods if m.startswith((*HEAVY, "pydicom"))}, sorted(m for m in mods if m.startswith((*HEAVY, "pydicom")))
     rc, mods = modules_after("measure", path, "--no-components", "--out", tmp_path / "m2.json")
     assert rc == 0 and "cc3d" not in mods
+
+
+def test_measure_dicom_series_labels(tmp_path, lps_labels):
+    "nibabel is loaded without pydicom, which still reads a label map stored as a DICOM series: same structures."
+    from spatialvqa.scan import write_dicom_series
+    path, a, aff = lps_labels
+    folder = write_dicom_series(Volume(a, aff), tmp_path / "series")
+    r = run("measure", folder, "--out", tmp_path / "d.json")
+    assert r.returncode == 0, r.stderr
+    r = run("measure", path, "--out", tmp_path / "n.json")
+    assert r.returncode == 0, r.stderr
+    d, n = (json.loads((tmp_path / f).read_text())["structures"] for f in ("d.json", "n.json"))
+    assert [(s["label"], s["voxels"], s["components"]) for s in d] == [(s["label"], s["voxels"], s["components"]) for s in n]
+    np.testing.assert_allclose([s["centroid_ras_mm"] for s in d], [s["centroid_ras_mm"] for s in n], atol=1e-4)
 
 
 def test_help_lists_every_subcommand_without_importing_them():
