@@ -50,3 +50,4 @@ pytest-slow:
 
 bench: setup
 	python benchmarks/bench_measure.py
+	python benchmarks/bench_measure_process.py
