@@ -60,7 +60,7 @@ class Grid:
             co.append(v.reshape([-1 if m == n else 1 for m in range(3)]))
         return tuple(sl), tuple(co)
 
-def _q(v: float, step: float = 1 / 32) -> float:
+def _q(v: float, step: float = 1 / 8) -> float:
     "Round to a multiple of `step` (exact in float32)."
     return float(round(v / step) * step)
 
@@ -230,10 +230,10 @@ def _loguniform(rng, lo: float, hi: float) -> float:
 
 # volume (mL) of each organ's template shape at skeleton scale 1 and linear factor 1, measured on the phantom's
 # own grids (the shapes are clipped by the cavity and by structures drawn before them)
-_TEMPLATE_ML = {"kidney": 165.0, "pancreas": 94.0, "heart": 718.0, "stomach": 388.0, "gallbladder": 38.6,
+_TEMPLATE_ML = {"kidney": 155.0, "pancreas": 94.0, "heart": 718.0, "stomach": 388.0, "gallbladder": 38.6,
                 "urinary_bladder": 243.0, "prostate": 30.0}
 # share of the liver's and the spleen's fitted volume that the structures drawn before them leave over
-_KEPT = {"liver": 0.80, "spleen": 0.76}
+_KEPT = {"liver": 0.83, "spleen": 0.72}
 
 def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None, variants: Mapping[str, bool] | None = None) -> dict:
     """Draw a subject's body plan (lengths in mm; organ sizes as target volumes in mL or linear factors).
@@ -286,7 +286,7 @@ def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None,
     # --- organ sizes: target volumes (mL) from the documented distributions, drawn for everyone
     t = {}
     t["liver"] = 0.95 * (1072.8 * bsa - 345.7) * math.exp(rng.normal(0, 0.12))
-    big_liver = _loguniform(rng, 2200, 3300)
+    big_liver = float(np.clip((1072.8 * bsa - 345.7) * rng.uniform(1.35, 1.8), 2150, 3300))
     t["spleen"] = _lognormal(rng, 190, 0.28)
     big_spleen = _loguniform(rng, 450, 1500)
     k = 160 * bsa / 1.9 * math.exp(rng.normal(0, 0.12))
@@ -437,6 +437,8 @@ def _landmarks(bd: Body) -> SimpleNamespace:
     f.y_pub = float(bd.cavity_axes(f.z_bl)[1]) - 12 * s                            # pubic symphysis
     f.hz = A["dome_R"] + 40 * s + f.J["heart"][2]                                   # heart centre level
     f.z_top_fov, f.z_bot_fov = A["z_range"][1] + 20 * s, A["z_range"][0] - 20 * s
+    amax = max(max(A["cav_a"][1]), max(A["cav_ant"][1]), max(A["cav_post"][1]))
+    f.box = (np.array([-amax, -amax, A["z_range"][0]]), np.array([amax, amax, A["z_range"][1]]))   # bounds the cavity
     f.V = A["variants"]
     f.SI = bool(f.V.get("situs_inversus"))
     # structures are drawn for the normal situs and mirrored in situs inversus: the anatomical name of a paired
@@ -514,13 +516,15 @@ def _vessels_and_airways(f: SimpleNamespace) -> list[tuple[str, Shape, str]]:
 
 # %% ../nbs/03_phantom.ipynb #91ddb5ab
 def fit_scale(make: Callable[[float], Shape], target_ml: float, clip: Callable | None = None, step: float = 5.0,
-              lo: float = 0.4, hi: float = 2.5, iters: int = 14) -> float:
-    """The factor `k` for which `make(k)` (clipped by `clip(X, Y, Z)`) holds about `target_ml` mL, by bisection
-    on a grid of `step` mm; the volume must grow with `k`."""
+              lo: float = 0.4, hi: float = 2.5, iters: int = 14, box: tuple | None = None) -> float:
+    """The factor `k` for which `make(k)` (clipped by `clip(X, Y, Z)` and to the world `box` (lo, hi) if given)
+    holds about `target_ml` mL, by bisection on a grid of `step` mm; the volume must grow with `k`."""
     def vol(k: float) -> float:
         sh = make(k)
-        g = make_grid(sh.lo, sh.hi, (step, step, step))
-        _, co = g.box(sh.lo, sh.hi)
+        a, b = (sh.lo, sh.hi) if box is None else (np.maximum(sh.lo, box[0]), np.minimum(sh.hi, box[1]))
+        if np.any(b <= a): return 0.0
+        g = make_grid(a, b, (step, step, step))
+        _, co = g.box(a, b)
         m = sh.fn(*co)
         if clip is not None: m = m & clip(*co)
         return float(np.count_nonzero(m)) * step ** 3 / 1000
@@ -582,18 +586,25 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
     gb_shape = blob(gb, np.array([15, 17, 36]) * s * S["gallbladder"], R=rotation(-30, 20, axes="xy"), coeffs=W(0.05)).where(lambda X, Y, Z: Z < bd.dome(X, Y) - 30 * s)
     if not V.get("cholecystectomy"): add("gallbladder", gb_shape)
     wl = W(0.06)
-    def liver(k: float) -> Shape:                         # an enlarged liver reaches down and across the midline
-        c = liv + np.array([-25, 0, -70]) * s * max(k - 1, 0)
-        return blob(c, np.array([108, 92, 90]) * s * k, R=rotation(-8, axes="z"), coeffs=wl, taper=(0.55, 0.7)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 5 * s)
-    k_liv = fit_scale(liver, A["target_ml"]["liver"] / _KEPT["liver"], clip=bd.in_cavity)
+    # the duodenal loop and the pancreatic head, with a margin of fat, stay free of the liver
+    ring = tube(np.array(duo) + jp * np.array([0.5, 0.5, 1]), 17 * s) | tube((np.array(panc) + jp)[:3], np.array([25, 20, 19]) * s)
+    keep_out = ring.fn
+    def liver(k: float) -> Shape:                         # the right lobe grows downwards from under the dome, as in hepatomegaly
+        kx, kz = k ** 0.8, k ** 1.4
+        g = max(kz - 1, 0)
+        c = liv + np.array([20 * (kx - 1), 0, -70 * (kz - 1)]) * s
+        return (blob(c, np.array([108 * kx, 92 * kx, 90 * kz]) * s, R=rotation(-8, axes="z"), coeffs=wl, taper=(0.55, 0.7 + min(1.5 * g, 0.8)))
+                .where(lambda X, Y, Z: (Z <= bd.dome(X, Y) - 5 * s) & ~keep_out(X, Y, Z)))
+    k_liv = fit_scale(liver, A["target_ml"]["liver"] / _KEPT["liver"], clip=bd.in_cavity, box=f.box)
     add("liver", liver(k_liv))
     spl0 = np.array([-98 * s, -28 * s, 0.0]) + J["spleen"]
     ws = W(0.06)
-    def spleen(k: float) -> Shape:                        # tucked under the left dome; an enlarged one grows down, forward and in
-        c = spl0 + np.array([20, 25, 0]) * s * max(k - 1, 0)
-        c[2] = float(bd.dome(c[0], c[1])) - 38 * s * k
-        return blob(c, np.array([19, 60, 46]) * s * k, R=rotation(40, axes="z"), coeffs=ws, bend=(0, 0.3)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 6 * s)
-    k_spl = fit_scale(spleen, A["target_ml"]["spleen"] / _KEPT["spleen"], clip=bd.in_cavity)
+    def spleen(k: float) -> Shape:                        # tucked under the left dome; an enlarged one grows long, down and forward
+        kt, kl = k ** 0.6, k ** 1.2                       # thickness grows least
+        c = spl0 + rotation(40, axes="z")[:, 1] * 35 * s * (kl - 1)   # the posterior pole stays near the kidney
+        c[2] = float(bd.dome(c[0], c[1])) - 38 * s * kl
+        return blob(c, np.array([19 * kt, 60 * kl, 46 * kl]) * s, R=rotation(40, axes="z"), coeffs=ws, bend=(0, 0.3)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 6 * s)
+    k_spl = fit_scale(spleen, A["target_ml"]["spleen"] / _KEPT["spleen"], clip=bd.in_cavity, box=f.box)
     if not V.get("splenectomy"): add("spleen", spleen(k_spl))
     st = np.array([-55 * s, 22 * s, A["dome_L"] - 62 * s]) + J["stomach"]
     sr = np.array([44, 38, 74]) * s * S["stomach"]

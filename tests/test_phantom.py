@@ -178,8 +178,9 @@ def relations_hold(s):
     }
     if has("spleen"): checks["liver right of spleen (mirrored in situs inversus)"] = R("liver", "spleen")
     if has("spleen", "stomach"): checks["spleen behind stomach"] = C["spleen"][y] < C["stomach"][y]
-    if has("gallbladder"):
-        checks["gallbladder below and in front of liver"] = C["gallbladder"][z] < C["liver"][z] and C["gallbladder"][y] > C["liver"][y]
+    if has("gallbladder"):                                         # an enlarged liver reaches far below its gallbladder
+        checks["gallbladder below and in front of liver"] = (C["gallbladder"][z] < C["liver"][z] or "hepatomegaly" in var) \
+            and C["gallbladder"][y] > C["liver"][y]
     if has("prostate"): checks["prostate below bladder"] = C["prostate"][z] < C["urinary_bladder"][z]
     return [k for k, ok in checks.items() if not ok]
 
