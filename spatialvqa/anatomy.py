@@ -1,4 +1,4 @@
-"""What each label in a CT label map is: TotalSegmentator's 117 classes, our lesion labels, readable names, sides, body regions and plausible volumes.
+"""What each label in a CT label map is: TotalSegmentator's 117 classes, our lesion labels, readable names, sides, body regions, and a reference table of adult sizes and positions with its sources.
 
 Docs: https://spatialvqa.github.io/spatialvqa/anatomy.html.md"""
 
@@ -8,14 +8,16 @@ Docs: https://spatialvqa.github.io/spatialvqa/anatomy.html.md"""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Mapping
 
 # %% auto #0
 __all__ = ['TOTALSEG', 'TUMOURS', 'EXTRA_LABELS', 'ALL_LABELS', 'NAME_TO_ID', 'LR_PAIRS', 'REGIONS', 'CATEGORIES', 'SYSTEMS',
-           'ANATOMY', 'REFERENCE_VOLUMES_ML', 'LesionSource', 'Lesion', 'dataset_lesions', 'tumours_of', 'label_name',
-           'names_for', 'side', 'counterpart', 'readable', 'LabelInfo', 'label_info', 'region', 'category', 'system',
-           'reference_range']
+           'ANATOMY', 'SOURCES', 'SIDES', 'DEPTHS', 'LEVELS', 'REFERENCE', 'REFERENCE_VOLUMES_ML', 'LesionSource',
+           'Lesion', 'dataset_lesions', 'tumours_of', 'label_name', 'names_for', 'side', 'counterpart', 'readable',
+           'LabelInfo', 'label_info', 'region', 'category', 'system', 'level_index', 'Reference', 'reference',
+           'reference_range', 'typical_volume']
 
 # %% ../nbs/02_anatomy.ipynb #a17855d5
 TOTALSEG: dict[int, str] = {
@@ -86,6 +88,8 @@ TUMOURS: dict[str, Lesion] = {l.name: l for l in [
             _S("pyradiomics lung1/lung2", None, "tumour mask"))),
     Lesion(231, "lung_nodule", "nodule", _LUNG_LOBES, (_S("LIDC-IDRI", None, "nodule >= 3 mm"),),
            note="a nodule is not necessarily malignant; kept apart from lung_tumor"),
+    Lesion(225, "spleen_tumor", "tumor", ("spleen",), (),
+           note="a focal splenic lesion (haemangioma, lymphoma, metastasis); no public CT dataset labels one, only our phantoms draw it"),
     Lesion(240, "prostate_tumor", "tumor", ("prostate",), (_S("PI-CAI", None, "csPCa lesion", "MRI"),),
            note="MSD Task05_Prostate labels the peripheral (1) and transition (2) zones, not lesions"),
     Lesion(250, "brain_tumor", "tumor", ("brain",),
@@ -254,29 +258,181 @@ def system(name: str) -> str:
     return label_info(name).system
 
 # %% ../nbs/02_anatomy.ipynb #4b76e7fc
-REFERENCE_VOLUMES_ML: dict[str, tuple[float, float]] = {
-    "liver": (1000, 2500),            # ICRP 89: 1.8 kg (M) / 1.4 kg (F); range as in SpatialMed
-    "spleen": (50, 450),              # ICRP 89: 150 / 130 g; CT volumetry ~100-300 mL
-    "kidney_left": (80, 300),         # ICRP 89: both kidneys 310 / 275 g
-    "kidney_right": (80, 300),
-    "adrenal_gland_left": (2, 15),    # ICRP 89: both glands 14 / 13 g
-    "adrenal_gland_right": (2, 15),
-    "pancreas": (25, 160),            # ICRP 89: 140 / 120 g; CT volumetry ~50-100 mL, smaller with age
-    "gallbladder": (5, 120),          # bile ~50 mL fasting; near empty after a meal
-    "stomach": (80, 1500),            # wall ~150 g plus highly variable contents
-    "urinary_bladder": (10, 800),     # from nearly empty to full
-    "prostate": (10, 150),            # ~20-30 mL normal; hyperplasia common in older men
-    "thyroid_gland": (5, 40),         # ICRP 89: 20 / 17 g
-    "heart": (350, 1300),             # whole heart with chamber blood; ICRP 89: wall 330 / 250 g + blood ~500 mL
-    "aorta": (60, 400),               # root to bifurcation, whole length in view only
-    "brain": (900, 1700),             # ICRP 89: 1450 / 1300 g
-    "lung_upper_lobe_left": (400, 2200),   # lobes: about 20-25 % of a 2.5-7.5 L CT lung volume each,
-    "lung_lower_lobe_left": (400, 2400),   # strongly dependent on inspiration depth
-    "lung_upper_lobe_right": (400, 2200),
-    "lung_middle_lobe_right": (150, 1000),
-    "lung_lower_lobe_right": (400, 2400),
+SOURCES: dict[str, str] = {
+    "ICRP89": "ICRP (2002) Publication 89: Basic anatomical and physiological data for use in radiological protection: reference values. Ann ICRP 32(3-4)",
+    "Standring2020": "Standring S (ed.) (2020) Gray's Anatomy: The Anatomical Basis of Clinical Practice, 42nd ed. Elsevier",
+    "Mirjalili2012": "Mirjalili SA, McFadden SL, Buckenham T, Wilson B, Stringer MD (2012) Anatomical planes: are we teaching accurate surface anatomy? Clin Anat 25:819-826",
+    "Heinemann1999": "Heinemann A, Wischhusen F, Püschel K, Rogiers X (1999) Standard liver volume in the Caucasian population. Liver Transpl Surg 5:366-368",
+    "Kim2021": "Kim DW, Ha J, Lee SS, et al. (2021) Population-based and personalized reference intervals for liver and spleen volumes in healthy individuals and those with viral hepatitis. Radiology 301",
+    "Seppelt2022": "Seppelt D, Ittermann T, Kromrey ML, et al. (2022) Simple diameter measurement as predictor of liver volume and liver parenchymal disease. Sci Rep 12",
+    "Kratzer2003": "Kratzer W, Fritz V, Mason RA, Haenle MM, Kaechele V (2003) Factors affecting liver size: a sonographic survey of 2080 subjects. J Ultrasound Med 22:1155-1161",
+    "Prassopoulos1997": "Prassopoulos P, Daskalogiannaki M, Raissaki M, Hatjidakis A, Gourtsoyiannis N (1997) Determination of normal splenic volume on computed tomography in relation to age, gender and body habitus. Eur Radiol 7:246-248",
+    "Caglar2014": "Caglar V, Alkoc OA, Uygur R, Serdaroglu O, Ozen OA (2014) Determination of normal splenic volume in relation to age, gender and body habitus: a stereological study on computed tomography. Folia Morphol 73(3)",
+    "Lamb2002": "Lamb PM, Lund A, Kanagasabay RR, Martin A, Webb JAW, Reznek RH (2002) Spleen size: how well do linear ultrasound measurements correlate with three-dimensional CT volume assessments? Br J Radiol 75:573-577",
+    "Glodny2009": "Glodny B, Unterholzner V, Taferner B, et al. (2009) Normal kidney size and its influencing factors - a 64-slice MDCT study of 1.040 asymptomatic patients. BMC Urol 9:19",
+    "Saisho2007": "Saisho Y, Butler AE, Meier JJ, et al. (2007) Pancreas volumes in humans from birth to age one hundred taking into account sex, obesity, and presence of type-2 diabetes. Clin Anat 20:933-942",
+    "Bovio2006": "Bovio S, Cataldi A, Reimondo G, et al. (2006) Prevalence of adrenal incidentaloma in a contemporary computerized tomography series. J Endocrinol Invest 29:298-302",
+    "Berry1984": "Berry SJ, Coffey DS, Walsh PC, Ewing LL (1984) The development of human benign prostatic hyperplasia with age. J Urol 132:474-479",
+    "Chaikof2018": "Chaikof EL, Dalman RL, Eskandari MK, et al. (2018) The Society for Vascular Surgery practice guidelines on the care of patients with an abdominal aortic aneurysm. J Vasc Surg 67:2-77",
+    "Breatnach1984": "Breatnach E, Abbott GC, Fraser RG (1984) Dimensions of the normal human trachea. AJR 142:903-906",
+    "Quanjer1993": "Quanjer PH, Tammeling GJ, Cotes JE, et al. (1993) Lung volumes and forced ventilatory flows. Eur Respir J 6 Suppl 16:5-40",
+    "AJCC2017": "Amin MB, Edge SB, Greene FL, et al. (eds) (2017) AJCC Cancer Staging Manual, 8th ed. Springer",
+    "MacMahon2017": "MacMahon H, Naidich DP, Goo JM, et al. (2017) Guidelines for management of incidental pulmonary nodules detected on CT images: from the Fleischner Society 2017. Radiology 284:228-243",
+    "Carrim2003": "Carrim ZI, Murchison JT (2003) The prevalence of simple renal and hepatic cysts detected by spiral computed tomography. Clin Radiol 58:626-629",
 }
 
-def reference_range(name: str) -> tuple[float, float] | None:
-    "Loose plausible (low, high) volume in mL of a whole adult structure, or None when we have none."
-    return REFERENCE_VOLUMES_ML.get(name)
+SIDES: tuple[str, ...] = ("right", "left", "midline")
+DEPTHS: tuple[str, ...] = ("anterior", "middle", "posterior")
+LEVELS: tuple[str, ...] = (*(f"C{i}" for i in range(1, 8)), *(f"T{i}" for i in range(1, 13)), *(f"L{i}" for i in range(1, 6)),
+                           *(f"S{i}" for i in range(1, 6)), "Co1")
+
+def level_index(level: str) -> int:
+    "Position of a vertebral level from the top (C1 = 0 ... Co1 = 29), for comparing craniocaudal levels."
+    try: return LEVELS.index(level)
+    except ValueError: raise ValueError(f"unknown vertebral level {level!r}; expected one of {', '.join(LEVELS)}") from None
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """Reference anatomy of one adult structure: volumes (mL), named linear sizes (mm), position and sources.
+
+    `typical_ml`: central value of a normal adult; `normal_ml`: normal adult range (about the central 95 %);
+    `plausible_ml`: what a real adult scan can show, common pathology included; `dims_mm`: name ->
+    (typical, normal low, normal high); `side`: 'right' | 'left' | 'midline' (None: that of the host, for
+    lesions); `levels`: (upper, lower) vertebral levels of its craniocaudal extent in a supine adult;
+    `depth`: the third of the trunk's depth it lies in; `sources`: keys of `SOURCES`."""
+    name: str
+    typical_ml: float | None
+    normal_ml: tuple[float, float] | None
+    plausible_ml: tuple[float, float] | None
+    side: str | None
+    levels: tuple[str, str] | None
+    depth: str | None
+    dims_mm: Mapping[str, tuple[float, float, float]] = dataclasses.field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def level_centre(self) -> float | None:
+        "Mean `level_index` of the craniocaudal extent (smaller is higher)."
+        return None if self.levels is None else (level_index(self.levels[0]) + level_index(self.levels[1])) / 2
+
+# %% ../nbs/02_anatomy.ipynb #1606fba1
+def _ball_ml(d_mm: float) -> float: return math.pi / 6 * d_mm ** 3 / 1000
+
+_R = Reference
+_KIDNEY_NOTE = ("volume: ICRP 89 kidneys 310 g (M) / 275 g (F) for both, about 150 mL each; normal 90-230 mL is our "
+                "+-2 SD band (CV ~ 20 %); plausible from atrophic end-stage kidneys (~25 mL) to hydronephrotic or "
+                "hypertrophic ones (polycystic kidneys can exceed it); length: Glodny 2009, CT, 1040 adults, mean +- 2 SD")
+_LUNG_NOTE = ("total CT lung volume at full inspiration about 4-7 L (TLC, Quanjer 1993); lobe shares are rounded textbook "
+              "proportions (right lung ~55 %); strongly dependent on inspiration depth; plausible covers hyperinflation and collapse")
+
+REFERENCE: dict[str, Reference] = {r.name: r for r in [
+    _R("liver", 1500, (1000, 2000), (500, 4500), "right", ("T10", "L2"), "middle",
+       {"craniocaudal": (172, 136, 212), "anteroposterior": (158, 126, 198), "transverse": (197, 158, 246),
+        "midclavicular_span": (140, 110, 160)},
+       ("ICRP89", "Heinemann1999", "Kim2021", "Seppelt2022", "Kratzer2003", "Standring2020"),
+       "ICRP 89 1.8 kg (M) / 1.4 kg (F); standard liver volume 1072.8 x BSA - 345.7 mL (Heinemann 1999) gives "
+       "1370-2120 mL for BSA 1.6-2.3 m2; CT reference interval 825-1700 mL in young donors (Kim 2021). Maximum "
+       "diameters (MRI, 886 healthy adults, mean and 95 % interval, Seppelt 2022); midclavicular span 14.0 +- 1.7 cm, "
+       "> 16 cm in 11.5 % (Kratzer 2003). Hepatomegaly above ~2000 mL; plausible from cirrhotic shrinkage to massive hepatomegaly"),
+    _R("spleen", 200, (105, 315), (30, 2500), "left", ("T10", "L1"), "posterior",
+       {"length": (100, 75, 130), "thickness": (46, 30, 60)},
+       ("ICRP89", "Prassopoulos1997", "Kim2021", "Caglar2014", "Lamb2002", "Standring2020"),
+       "CT volume 214.6 mL, range 107-314.5 mL in 140 adults (Prassopoulos 1997); 81-322 mL (Kim 2021); length "
+       "9.96 +- 2.1 cm, thickness 4.58 +- 0.8 cm (Caglar 2014); splenomegaly: > 315 mL or length > 13 cm (Lamb 2002); "
+       "massive splenomegaly exceeds 1 L; lies under the left 9th-11th ribs; absent after splenectomy"),
+    _R("kidney_right", 150, (90, 230), (25, 600), "right", ("L1", "L3"), "posterior",
+       {"length": (108.5, 84, 133)}, ("ICRP89", "Glodny2009", "Mirjalili2012", "Standring2020"),
+       _KIDNEY_NOTE + "; the right kidney usually lies 1-2 cm lower than the left, its hilum below the transpyloric plane (Mirjalili 2012)"),
+    _R("kidney_left", 155, (90, 230), (25, 600), "left", ("T12", "L3"), "posterior",
+       {"length": (111.3, 86, 137)}, ("ICRP89", "Glodny2009", "Mirjalili2012", "Standring2020"),
+       _KIDNEY_NOTE + "; the left hilum lies in the transpyloric plane, L1/L2, in 54 % (Mirjalili 2012)"),
+    _R("adrenal_gland_right", 5, (3, 10), (1, 60), "right", ("T11", "T12"), "posterior", {},
+       ("ICRP89", "Bovio2006", "Standring2020"),
+       "ICRP 89 both glands 14 g (M) / 13 g (F); limbs normally under 10 mm thick; incidental adenomas (4.4 % of chest CTs, "
+       "Bovio 2006) and hyperplasia enlarge it; behind the IVC, above the upper pole of the kidney"),
+    _R("adrenal_gland_left", 5, (3, 10), (1, 60), "left", ("T11", "L1"), "posterior", {},
+       ("ICRP89", "Bovio2006", "Standring2020"),
+       "ICRP 89 both glands 14 g (M) / 13 g (F); limbs normally under 10 mm thick; anteromedial to the upper pole of the left kidney"),
+    _R("pancreas", 72, (30, 125), (15, 250), "midline", ("T12", "L2"), "middle",
+       {"length": (140, 120, 170)}, ("ICRP89", "Saisho2007", "Mirjalili2012", "Standring2020"),
+       "CT volume 72.4 +- 25.8 mL at age 20-60, declining after; about a third larger with obesity (Saisho 2007); the "
+       "head lies right of the midline in the duodenal C-loop, the tail at the splenic hilum; neck in the transpyloric plane (L1/L2)"),
+    _R("gallbladder", 35, (10, 80), (2, 250), "right", ("L1", "L2"), "anterior",
+       {"length": (80, 70, 100), "width": (30, 20, 40)}, ("ICRP89", "Mirjalili2012", "Standring2020"),
+       "ICRP 89 wall 10 / 8 g and bile 58 / 48 g; fasting volume varies widely and it contracts after a meal; hydrops "
+       "when wider than 4 cm; fundus most often below the transpyloric plane (Mirjalili 2012); absent after cholecystectomy"),
+    _R("stomach", 400, (150, 1000), (50, 2500), "left", ("T10", "L2"), "anterior", {},
+       ("ICRP89", "Standring2020"), "ICRP 89 wall 150 / 140 g plus contents 250 / 230 g; the volume is mostly filling"),
+    _R("urinary_bladder", 250, (50, 600), (5, 1500), "midline", ("S3", "Co1"), "anterior", {},
+       ("ICRP89", "Standring2020"),
+       "ICRP 89 wall 50 / 40 g; functional capacity about 400-600 mL; plausible from empty to retention; rises above the pubis when full"),
+    _R("prostate", 25, (15, 30), (8, 250), "midline", ("Co1", "Co1"), "middle",
+       {"transverse": (45, 35, 55)}, ("ICRP89", "Berry1984", "Standring2020"),
+       "ICRP 89 17 g; about 20 g in young men, growing with benign hyperplasia from the fifth decade (Berry 1984); "
+       "above 30 mL counts as enlarged; behind the pubic symphysis, below the bladder; men only"),
+    _R("thyroid_gland", 18, (8, 25), (3, 150), "midline", ("C5", "T1"), "anterior",
+       {"lobe_length": (50, 40, 60)}, ("ICRP89", "Standring2020"), "ICRP 89 20 / 17 g; goitre can exceed 100 mL"),
+    _R("heart", 700, (450, 1000), (300, 1800), "left", ("T5", "T9"), "anterior", {},
+       ("ICRP89", "Standring2020"),
+       "whole heart with its chamber blood: ICRP 89 wall 330 / 250 g plus roughly 0.4-0.5 L of blood; about two "
+       "thirds lie left of the midline; plausible up to dilated cardiomyopathy"),
+    _R("aorta", 200, (100, 350), (40, 900), "midline", ("T4", "L4"), "posterior",
+       {"diameter_ascending": (33, 25, 40), "diameter_abdominal": (20, 15, 25)},
+       ("Chaikof2018", "Mirjalili2012", "Standring2020"),
+       "volume of root to bifurcation when all of it is in view (our estimate: ~45 cm of a 2-3 cm tube); "
+       "an abdominal diameter of 30 mm or more is an aneurysm (Chaikof 2018); arch below the sternal angle (T4/5), "
+       "bifurcation near the supracristal plane (L4); a long tube: its centroid lies left of the midline and "
+       "is a poor position"),
+    _R("inferior_vena_cava", None, None, None, "right", ("T8", "L5"), "posterior", {}, ("Standring2020",),
+       "right of the aorta from the confluence of the iliac veins (L5) to the caval opening (T8); volume depends on coverage"),
+    _R("portal_vein_and_splenic_vein", None, None, None, "midline", ("T12", "L2"), "middle", {},
+       ("Mirjalili2012", "Standring2020"), "the portal vein forms behind the pancreatic neck in the transpyloric plane (53 %, Mirjalili 2012)"),
+    _R("esophagus", 35, (15, 60), (8, 150), "midline", ("C6", "T11"), "posterior",
+       {"length": (250, 230, 270)}, ("ICRP89", "Standring2020"), "ICRP 89 wall 40 / 35 g; dilated in achalasia; a long tube"),
+    _R("trachea", 45, (20, 90), (10, 150), "midline", ("C6", "T5"), "middle",
+       {"length": (110, 100, 130), "coronal_diameter": (19, 13, 25)}, ("Breatnach1984", "Mirjalili2012", "Standring2020"),
+       "coronal diameter 13-25 mm in men, 10-21 mm in women (Breatnach 1984); bifurcation (carina) most often below "
+       "the sternal angle, T5 (Mirjalili 2012); volume: our estimate for an 11 cm tube of ~2 cm"),
+    _R("duodenum", None, None, None, "right", ("L1", "L3"), "middle", {}, ("Standring2020",),
+       "a C-loop around the pancreatic head, mostly right of the midline; volume is mostly content"),
+    _R("small_bowel", None, None, None, "midline", ("L2", "S3"), "anterior", {}, ("ICRP89", "Standring2020"),
+       "ICRP 89 wall 650 / 600 g plus contents; volume depends on filling and coverage"),
+    _R("colon", None, None, None, "midline", ("T12", "Co1"), "middle", {}, ("ICRP89", "Standring2020"),
+       "a frame around the abdomen, caecum right, descending colon left; volume is mostly content"),
+    _R("brain", 1300, (1000, 1600), (800, 1800), "midline", None, None, {}, ("ICRP89",), "ICRP 89 1450 / 1300 g"),
+    _R("lung_upper_lobe_right", 1000, (400, 2200), (100, 3500), "right", ("T1", "T6"), "anterior", {}, ("Quanjer1993",), _LUNG_NOTE),
+    _R("lung_middle_lobe_right", 450, (150, 1000), (50, 1600), "right", ("T5", "T9"), "anterior", {}, ("Quanjer1993",), _LUNG_NOTE),
+    _R("lung_lower_lobe_right", 1250, (400, 2400), (100, 3800), "right", ("T4", "T11"), "posterior", {}, ("Quanjer1993",), _LUNG_NOTE),
+    _R("lung_upper_lobe_left", 1150, (400, 2200), (100, 3500), "left", ("T1", "T8"), "anterior", {}, ("Quanjer1993",), _LUNG_NOTE),
+    _R("lung_lower_lobe_left", 1150, (400, 2400), (100, 3800), "left", ("T4", "T11"), "posterior", {}, ("Quanjer1993",), _LUNG_NOTE),
+    # lesions: sizes as diameters; volumes are those of balls of the plausible diameters
+    *[_R(n, round(_ball_ml(d[0]), 1), None, (round(_ball_ml(d[1]), 3), round(_ball_ml(d[2]), 1)), None, None, None,
+         {"diameter": d}, src, note) for n, d, src, note in [
+        ("kidney_tumor", (40, 10, 150), ("AJCC2017",), "T1a renal cancers are at most 4 cm, T2 exceed 7 cm; 15 cm is our upper bound"),
+        ("kidney_cyst", (20, 5, 150), ("Carrim2003",), "simple renal cysts on 41 % of abdominal CTs (Carrim 2003); most under 5 cm"),
+        ("liver_tumor", (30, 5, 200), ("AJCC2017", "Carrim2003"), "from millimetric metastases to large hepatocellular carcinomas"),
+        ("pancreas_tumor", (30, 10, 100), ("AJCC2017",), "T1 pancreatic cancers are at most 2 cm, T3 exceed 4 cm"),
+        ("lung_tumor", (30, 5, 150), ("AJCC2017", "MacMahon2017"), "a nodule is under 30 mm, a mass larger; T4 exceeds 7 cm"),
+        ("lung_nodule", (8, 3, 30), ("MacMahon2017",), "Fleischner: nodules are under 30 mm"),
+        ("spleen_tumor", (25, 5, 150), ("Standring2020",), "our judgement: focal splenic lesions rarely exceed the spleen's thickness"),
+    ]],
+]}
+
+def reference(name: str) -> Reference | None:
+    "The `Reference` of a structure, or None when the table has none."
+    return REFERENCE.get(name)
+
+def reference_range(name: str, kind: str = "plausible") -> tuple[float, float] | None:
+    """(low, high) volume in mL of a whole adult structure: `kind` 'plausible' (default: common pathology
+    included, what the plausibility filter and distractors use) or 'normal'; None when the table has none."""
+    if kind not in ("plausible", "normal"): raise ValueError(f"kind must be 'plausible' or 'normal', got {kind!r}")
+    r = REFERENCE.get(name)
+    return None if r is None else (r.plausible_ml if kind == "plausible" else r.normal_ml)
+
+def typical_volume(name: str) -> float | None:
+    "Typical volume (mL) of a normal adult structure, or None."
+    r = REFERENCE.get(name)
+    return None if r is None else r.typical_ml
+
+REFERENCE_VOLUMES_ML: dict[str, tuple[float, float]] = {n: r.plausible_ml for n, r in REFERENCE.items() if r.plausible_ml}

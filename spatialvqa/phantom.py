@@ -1,4 +1,4 @@
-"""A procedural CT phantom cohort with exactly known anatomy, lesions and orientation, and a radiology report written from that truth.
+"""A procedural CT phantom cohort of varied adults with exactly known anatomy, variants, lesions and orientation, and a radiology report written from that truth.
 
 Docs: https://spatialvqa.github.io/spatialvqa/phantom.html.md"""
 
@@ -17,15 +17,18 @@ from types import SimpleNamespace
 import numpy as np
 from scipy import ndimage
 
-from .anatomy import NAME_TO_ID, TOTALSEG, readable
+from .anatomy import NAME_TO_ID, TOTALSEG, counterpart, readable, reference, reference_range
 from .core import get_logger, parallel_map, read_json, write_json
 from .scan import Volume, reorient, write_volume
 
 # %% auto #0
-__all__ = ['TUMOUR_KINDS', 'HU', 'PHASES', 'LIVER_ENLARGED_ML', 'SPLEEN_ENLARGED_ML', 'SPLEEN_ENLARGED_MM', 'PHANTOM_VERSION',
-           'FORMATS', 'Grid', 'make_grid', 'Shape', 'rotation', 'wobble', 'blob', 'tube', 'Body', 'label_stats',
-           'lesion_location', 'write_report', 'orientations', 'orient', 'Subject', 'make_subject', 'show_subject',
-           'write_subject', 'subject_seed', 'make_cohort', 'read_cohort']
+__all__ = ['DEFAULT_RATES', 'VARIANTS', 'TUMOUR_KINDS', 'HU', 'PHASES', 'LIVER_ENLARGED_ML', 'SPLEEN_ENLARGED_ML',
+           'SPLEEN_ENLARGED_MM', 'KIDNEY_SMALL_ML', 'KIDNEY_ENLARGED_ML', 'HEART_ENLARGED_ML', 'PROSTATE_ENLARGED_ML',
+           'VARIANT_PHRASES', 'PHANTOM_VERSION', 'FORMATS', 'ATLAS_STRUCTURES', 'RELATIONS', 'Grid', 'make_grid',
+           'Shape', 'rotation', 'wobble', 'blob', 'tube', 'mirror', 'variant_names', 'Body', 'fit_scale', 'label_stats',
+           'size_findings', 'lesion_location', 'write_report', 'orientations', 'orient', 'Subject', 'make_subject',
+           'show_subject', 'write_subject', 'subject_seed', 'cohort_variants', 'make_cohort', 'read_cohort',
+           'cohort_variation', 'atlas_agreement', 'atlas_summary', 'cohort_summary']
 
 # %% ../nbs/03_phantom.ipynb #6f322741
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Grid:
             co.append(v.reshape([-1 if m == n else 1 for m in range(3)]))
         return tuple(sl), tuple(co)
 
-def _q(v: float, step: float = 1 / 32) -> float:
+def _q(v: float, step: float = 1 / 8) -> float:
     "Round to a multiple of `step` (exact in float32)."
     return float(round(v / step) * step)
 
@@ -175,15 +178,86 @@ def tube(points, radii, scale=(1.0, 1.0, 1.0), smooth: bool = True) -> Shape:
     return Shape(fn, P.min(0) - pad, P.max(0) + pad)
 
 # %% ../nbs/03_phantom.ipynb #1214fd0d
+def mirror(shape: Shape) -> Shape:
+    "The mirror image of `shape` through the plane x = 0 (the patient's left and right swapped)."
+    def fn(X, Y, Z):
+        return np.asarray(shape.fn(-np.asarray(X)[::-1], Y, Z))[::-1]
+    return Shape(fn, np.array([-shape.hi[0], shape.lo[1], shape.lo[2]], float), np.array([-shape.lo[0], shape.hi[1], shape.hi[2]], float))
+
+# %% ../nbs/03_phantom.ipynb #b00ccaa2
 _VLEVELS = [f"T{i}" for i in range(1, 13)] + [f"L{i}" for i in range(1, 6)] + ["S1"]
 
-def _anatomy(rng: np.random.Generator) -> dict:
-    "Draw a subject's body plan (lengths in mm; organ sizes as linear factors)."
+DEFAULT_RATES: dict[str, float] = {
+    "situs_inversus": 0.06, "nephrectomy_left": 0.05, "nephrectomy_right": 0.05, "splenectomy": 0.05,
+    "cholecystectomy": 0.12, "pelvic_kidney": 0.06, "renal_atrophy": 0.08, "hepatomegaly": 0.15, "splenomegaly": 0.15}
+VARIANTS: tuple[str, ...] = tuple(DEFAULT_RATES)
+
+def _check_rates(rates: Mapping[str, float] | None) -> dict[str, float]:
+    out = dict(DEFAULT_RATES)
+    if rates is None: return out
+    bad = [k for k in rates if k not in DEFAULT_RATES]
+    if bad: raise ValueError(f"unknown variant rate(s) {bad}; expected some of {list(DEFAULT_RATES)}")
+    for k, v in rates.items():
+        if not 0 <= float(v) <= 1: raise ValueError(f"rate of {k} must lie in [0, 1], got {v}")
+        out[k] = float(v)
+    return out
+
+def _resolve_variants(on: Mapping[str, bool], sides: Mapping[str, str]) -> dict:
+    "Turn drawn variant flags into a consistent set: `{variant: True or a side}` (see the conflicts above)."
+    v = {k: bool(on.get(k)) for k in VARIANTS}
+    out = {}
+    if v["situs_inversus"]: out["situs_inversus"] = True
+    removed = "left" if v["nephrectomy_left"] else "right" if v["nephrectomy_right"] else None   # at most one
+    if removed: out["nephrectomy"] = removed
+    taken = {removed} - {None}                                   # a kidney has at most one of these
+    for k in ("pelvic_kidney", "renal_atrophy"):
+        free = [sd for sd in (sides[k], {"left": "right", "right": "left"}[sides[k]]) if sd not in taken]
+        if v[k] and free: out[k] = free[0]; taken.add(free[0])
+    for k in ("splenectomy", "cholecystectomy", "hepatomegaly"):
+        if v[k]: out[k] = True
+    if v["splenomegaly"] and not v["splenectomy"]: out["splenomegaly"] = True
+    return out
+
+def variant_names(variants: Mapping[str, bool | str]) -> list[str]:
+    "Flat names of a subject's variants, e.g. ['nephrectomy_left', 'situs_inversus']."
+    return sorted(k if v is True else f"{k}_{v}" for k, v in variants.items())
+
+def _lognormal(rng, median: float, sd: float) -> float:
+    return float(median * math.exp(rng.normal(0, sd)))
+
+def _loguniform(rng, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+# volume (mL) of each organ's template shape at skeleton scale 1 and linear factor 1, measured on the phantom's
+# own grids (the shapes are clipped by the cavity and by structures drawn before them)
+_TEMPLATE_ML = {"kidney": 155.0, "pancreas": 94.0, "heart": 718.0, "stomach": 388.0, "gallbladder": 38.6,
+                "urinary_bladder": 243.0, "prostate": 30.0}
+# share of the liver's and the spleen's fitted volume that the structures drawn before them leave over
+_KEPT = {"liver": 0.83, "spleen": 0.72}
+
+def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None, variants: Mapping[str, bool] | None = None) -> dict:
+    """Draw a subject's body plan (lengths in mm; organ sizes as target volumes in mL or linear factors).
+
+    `rates`: variant rates (default `DEFAULT_RATES`); `variants`: `{variant: bool}` given by a cohort, overriding
+    the draw for the variants it names."""
+    rates = _check_rates(rates)
     j = lambda sd=1.0: float(rng.normal(0, sd))
+    # --- variant draws first (fixed order), so that a rate only decides, never shifts the other draws
+    u = {k: float(rng.random()) for k in VARIANTS}
+    sides = {k: ("left" if rng.random() < 0.5 else "right") for k in ("pelvic_kidney", "renal_atrophy")}
+    on = {k: u[k] < rates[k] for k in VARIANTS}
+    if variants is not None: on.update({k: bool(b) for k, b in variants.items() if k in on})
+    V = _resolve_variants(on, sides)
+    # --- body habitus
     sex = "M" if rng.random() < 0.5 else "F"
-    s = float(np.clip(rng.normal(1.0, 0.045), 0.9, 1.1)) * (1.0 if sex == "M" else 0.95)   # overall size
-    girth = float(rng.uniform(0, 1))                                   # 0 lean .. 1 obese
-    fat = float(np.clip(6 + 30 * girth + rng.normal(0, 3), 4, 42))    # subcutaneous fat, mm
+    h_mu, h_sd = (176.0, 7.0) if sex == "M" else (163.0, 6.5)
+    height = h_mu + h_sd * float(np.clip(rng.normal(), -2.5, 2.5))
+    bmi = float(np.clip(_lognormal(rng, 26.0, 0.17), 17, 45))
+    weight = bmi * (height / 100) ** 2
+    bsa = math.sqrt(height * weight / 3600)                            # Mosteller
+    s = height / 172.0                                                  # skeleton scale
+    fat = float(np.clip(3 + 2.0 * (bmi - 18) + rng.normal(0, 4), 3, 65))   # subcutaneous fat, mm
+    girth = float(np.clip((bmi - 18) / 22, 0, 1))
     z, lv = 255.0 * s, {}                                               # vertebral levels, top to bottom
     for name in _VLEVELS:
         if name[0] == "T": h, disc = 15.5 + (int(name[1:]) - 1) * 7 / 11, 4.5
@@ -193,37 +267,69 @@ def _anatomy(rng: np.random.Generator) -> dict:
         lv[name] = (z, z - h, z - h / 2)                                # top, bottom, centre
         z -= h + disc * s
     zc = lambda n: lv[n][2]
-    A = dict(s=s, girth=girth, sex=sex, fat=fat, levels=lv)
-    zk = [zc("S1") - 150 * s, zc("L5"), zc("L2"), zc("T10"), zc("T4"), lv["T1"][0] + 60 * s]
-    fa, fb = 1 + 0.03 * j(), 1 + 0.03 * j()
+    A = dict(s=s, girth=girth, sex=sex, fat=fat, levels=lv, variants=V,
+             body=dict(sex=sex, height_cm=round(height, 1), weight_kg=round(weight, 1), bmi=round(bmi, 1), bsa_m2=round(bsa, 3)))
+    zk = [zc("S1") - 180 * s, zc("L5"), zc("L2"), zc("T10"), zc("T4"), lv["T1"][0] + 60 * s]
+    fa = (bmi / 26) ** 0.25 * (1 + 0.04 * j())                          # trunk width
+    fb = (bmi / 26) ** 0.3 * (1 + 0.05 * j())                           # trunk depth
     A["cav_a"] = (zk, [x * s * fa for x in (122, 128, 132, 124, 116, 112)])      # cavity half-width
     A["cav_ant"] = (zk, [x * s * fb for x in (85, 88, 90, 95, 92, 80)])          # cavity depth in front of y = 0
     A["cav_post"] = (zk, [x * s * fb for x in (95, 95, 95, 102, 100, 92)])       # and behind it
     A["wall_side"] = (zk, [x * s for x in (34, 18, 13, 16, 18, 36)])            # lateral muscle (glutei .. shoulders)
     A["wall_ant"] = 12 * s * (1.1 if sex == "M" else 0.9)
     A["wall_post"] = 16 * s
-    A["belly"] = float(rng.uniform(0, 25)) * girth                               # extra anterior fat at the waist
+    A["belly"] = float(rng.uniform(0, 30)) * girth                               # extra anterior fat at the waist
     A["spine_y"] = ([zc("S1"), zc("L3"), zc("T12"), zc("T6"), lv["T1"][0]], [x * s * fb for x in (-60, -40, -46, -52, -48)])
-    A["z_range"] = (zc("S1") - 150 * s, lv["T1"][0] + 30 * s)
-    A["dome_R"] = lv["T11"][0] + 12 * s + 6 * j()
+    A["z_range"] = (zc("S1") - 180 * s, lv["T1"][0] + 30 * s)
+    A["dome_R"] = lv["T11"][0] + 12 * s + 15 * j()                     # depth of the breath hold
     A["dome_L"] = A["dome_R"] - (12 + 4 * j()) * s
-    A["hepatomegaly"] = bool(rng.random() < 0.15)
-    A["splenomegaly"] = bool(rng.random() < 0.12)
-    f = lambda sd=0.06: float(np.clip(1 + rng.normal(0, sd), 0.85, 1.15))
-    A["size"] = {k: f() for k in ("liver", "spleen", "kidney_right", "kidney_left", "heart", "pancreas", "stomach",
-                                  "gallbladder", "lung", "adrenal", "prostate", "aorta")}
-    A["size"]["kidney_left"] = 0.5 * (A["size"]["kidney_left"] + A["size"]["kidney_right"]) * f(0.03)
-    if A["hepatomegaly"]: A["size"]["liver"] *= rng.uniform(1.12, 1.2)
-    if A["splenomegaly"]: A["size"]["spleen"] *= rng.uniform(1.25, 1.45)
-    A["bladder_fill"] = float(rng.uniform(0.4, 1.6))
+    # --- organ sizes: target volumes (mL) from the documented distributions, drawn for everyone
+    t = {}
+    t["liver"] = 0.95 * (1072.8 * bsa - 345.7) * math.exp(rng.normal(0, 0.12))
+    big_liver = float(np.clip((1072.8 * bsa - 345.7) * rng.uniform(1.35, 1.8), 2150, 3300))
+    t["spleen"] = _lognormal(rng, 190, 0.28)
+    big_spleen = _loguniform(rng, 450, 1500)
+    k = 160 * bsa / 1.9 * math.exp(rng.normal(0, 0.12))
+    t["kidney_right"], t["kidney_left"] = k * math.exp(rng.normal(0, 0.06)), 1.03 * k * math.exp(rng.normal(0, 0.06))
+    atrophic, hypertrophy, ectopic = float(rng.uniform(35, 75)), float(rng.uniform(1.15, 1.4)), float(rng.uniform(0.55, 0.85))
+    t["pancreas"] = _lognormal(rng, 68, 0.28) * (bmi / 26) ** 0.5
+    t["heart"] = 700 * bsa / 1.9 * math.exp(rng.normal(0, 0.12))
+    t["stomach"] = float(np.clip(_lognormal(rng, 380, 0.35), 120, 1100))
+    t["gallbladder"] = float(np.clip(_lognormal(rng, 35, 0.4), 8, 100))
+    t["urinary_bladder"] = float(np.clip(_lognormal(rng, 200, 0.6), 30, 700))
+    t["prostate"] = float(np.clip(_lognormal(rng, 26, 0.35), 10, 90))
+    lin = {"adrenal": math.exp(rng.normal(0, 0.15)), "aorta": math.exp(rng.normal(0, 0.08)), "lung": 1.0}
+    # --- pathology changes the targets
+    if V.get("hepatomegaly"): t["liver"] = big_liver
+    if V.get("splenomegaly"): t["spleen"] = big_spleen
+    for sd in ("left", "right"):
+        kn, other = f"kidney_{sd}", f"kidney_{'right' if sd == 'left' else 'left'}"
+        if V.get("renal_atrophy") == sd: t[kn] = atrophic
+        if V.get("pelvic_kidney") == sd: t[kn] *= ectopic
+        if V.get("nephrectomy") == sd or V.get("renal_atrophy") == sd: t[other] *= hypertrophy
+    A["target_ml"] = {k: round(float(v), 1) for k, v in t.items()}
+    # linear factors of the shapes whose volume scales with their cube (liver and spleen are fitted later)
+    f3 = lambda name, tmpl: float((t[name] / (tmpl * s ** 3)) ** (1 / 3))
+    A["size"] = dict(lin, kidney_right=f3("kidney_right", _TEMPLATE_ML["kidney"]), kidney_left=f3("kidney_left", _TEMPLATE_ML["kidney"]),
+                     pancreas=f3("pancreas", _TEMPLATE_ML["pancreas"]), heart=f3("heart", _TEMPLATE_ML["heart"]),
+                     stomach=f3("stomach", _TEMPLATE_ML["stomach"]), gallbladder=f3("gallbladder", _TEMPLATE_ML["gallbladder"]),
+                     prostate=f3("prostate", _TEMPLATE_ML["prostate"]))
+    A["bladder_fill"] = t["urinary_bladder"] / (_TEMPLATE_ML["urinary_bladder"] * s ** 3)
     A["stomach_gas"] = float(rng.uniform(0.0, 0.3))
-    A["jitter"] = {k: np.array([j(), j(), j()]) * 4 * s for k in (
-        "liver", "spleen", "kidney_right", "kidney_left", "heart", "stomach", "gallbladder", "pancreas", "bladder",
-        "adrenal_right", "adrenal_left", "colon", "prostate")}
+    # --- positions: per-organ shifts (mm; SD per axis x, y, z), kidney levels, patient on the table
+    sd3 = {"liver": (8, 8, 0), "spleen": (8, 10, 8), "kidney_right": (8, 6, 0), "kidney_left": (8, 6, 0), "heart": (6, 8, 8),
+           "stomach": (12, 12, 12), "gallbladder": (10, 10, 10), "pancreas": (8, 6, 12), "bladder": (6, 6, 6),
+           "adrenal_gland_right": (3, 3, 3), "adrenal_gland_left": (3, 3, 3), "colon": (10, 10, 5), "prostate": (4, 4, 4)}
+    A["jitter"] = {k: np.array([j(a), j(b), j(c)]) * s for k, (a, b, c) in sd3.items()}
+    A["kidney_level"] = 14 * j() * s                                   # both kidneys up or down
+    A["kidney_drop"] = (15 + 9 * j()) * s                              # right below left
+    A["heart_turn"] = 8 * j()                                          # degrees about the vertical
     A["fissure"] = [4 * j() for _ in range(4)]
+    A["offset"] = np.array([float(np.clip(rng.normal(0, 15), -40, 40)), float(np.clip(rng.normal(0, 20), -50, 50)), float(rng.uniform(-200, 200))])
+    A["fov_margin"] = [float(rng.uniform(5, 30)) for _ in range(4)]    # air at the right, left, front and back
     return A
 
-# %% ../nbs/03_phantom.ipynb #b00ccaa2
+# %% ../nbs/03_phantom.ipynb #988a1b1b
 _P = 2.3   # superellipse exponent of torso cross-sections (a rounded rectangle)
 
 def _inside(X, Y, a, b_ant, b_post):
@@ -276,6 +382,9 @@ class Body:
             return (z0 - 70 * s * ((X - xc) / (90 * s)) ** 2 - 45 * s * ((Y - 10 * s) / (90 * s)) ** 2
                     - 50 * s * np.clip(-(Y + 40 * s) / (60 * s), 0, None) ** 2)
         return np.maximum(one(A["dome_R"], 50 * s), one(A["dome_L"], -50 * s))
+    def dome_world(self, X, Y):
+        "z of the diaphragm where it really is: `dome` is drawn for the normal situs, mirrored in situs inversus."
+        return self.dome(-X if self.A["variants"].get("situs_inversus") else X, Y)
 
 # %% ../nbs/03_phantom.ipynb #9429a34a
 def _vertebra(bd: Body, level: str) -> Shape:
@@ -328,6 +437,13 @@ def _landmarks(bd: Body) -> SimpleNamespace:
     f.y_pub = float(bd.cavity_axes(f.z_bl)[1]) - 12 * s                            # pubic symphysis
     f.hz = A["dome_R"] + 40 * s + f.J["heart"][2]                                   # heart centre level
     f.z_top_fov, f.z_bot_fov = A["z_range"][1] + 20 * s, A["z_range"][0] - 20 * s
+    amax = max(max(A["cav_a"][1]), max(A["cav_ant"][1]), max(A["cav_post"][1]))
+    f.box = (np.array([-amax, -amax, A["z_range"][0]]), np.array([amax, amax, A["z_range"][1]]))   # bounds the cavity
+    f.V = A["variants"]
+    f.SI = bool(f.V.get("situs_inversus"))
+    # structures are drawn for the normal situs and mirrored in situs inversus: the anatomical name of a paired
+    # structure drawn on the normal right is then the left one
+    f.anat = lambda name: (counterpart(name) or name) if f.SI else name
     return f
 
 # %% ../nbs/03_phantom.ipynb #b83d20ed
@@ -399,29 +515,58 @@ def _vessels_and_airways(f: SimpleNamespace) -> list[tuple[str, Shape, str]]:
     return out
 
 # %% ../nbs/03_phantom.ipynb #91ddb5ab
+def fit_scale(make: Callable[[float], Shape], target_ml: float, clip: Callable | None = None, step: float = 5.0,
+              lo: float = 0.4, hi: float = 2.5, iters: int = 14, box: tuple | None = None) -> float:
+    """The factor `k` for which `make(k)` (clipped by `clip(X, Y, Z)` and to the world `box` (lo, hi) if given)
+    holds about `target_ml` mL, by bisection on a grid of `step` mm; the volume must grow with `k`."""
+    def vol(k: float) -> float:
+        sh = make(k)
+        a, b = (sh.lo, sh.hi) if box is None else (np.maximum(sh.lo, box[0]), np.minimum(sh.hi, box[1]))
+        if np.any(b <= a): return 0.0
+        g = make_grid(a, b, (step, step, step))
+        _, co = g.box(a, b)
+        m = sh.fn(*co)
+        if clip is not None: m = m & clip(*co)
+        return float(np.count_nonzero(m)) * step ** 3 / 1000
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = (a + b) / 2
+        if vol(math.exp(mid)) < target_ml: a = mid
+        else: b = mid
+    return float(math.exp((a + b) / 2))
+
+# %% ../nbs/03_phantom.ipynb #9e401b76
 def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
     "Heart, kidneys, adrenals, portal and splenic veins, pancreas, duodenum, gallbladder, liver, spleen, stomach."
     bd, A, s, J, S, zc, top, bot, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.top, f.bot, f.ys
+    V, anat = f.V, f.anat
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     W = lambda w=0.06: wobble(rng, w)
     # heart: long axis from base (right, posterior, up) to apex (left, anterior, down)
-    hc = np.array([-18 * s, 28 * s, f.hz]) + J["heart"]
-    Rh = rotation(-35, -25, axes="zy")                        # local x: from the apex (left, anterior, low) to the base
+    hc = np.array([-28 * s, 28 * s, f.hz]) + J["heart"]
+    Rh = rotation(-35 + A["heart_turn"], -25, axes="zy")          # local x: from the apex (left, anterior, low) to the base
     add("heart", blob(hc, np.array([66, 52, 54]) * s * S["heart"], R=Rh, coeffs=W(0.04), taper=(0.15, 0.15)).where(lambda X, Y, Z: Z >= bd.dome(X, Y) - 6 * s))
-    # retroperitoneum
-    zkl = zc("L2") + 6 * s + J["kidney_left"][2]
-    zkr = zkl - 18 * s + J["kidney_right"][2]
+    # retroperitoneum: kidneys (drawn in the normal-situs frame; `anat` gives the anatomical name)
+    zkl = zc("L2") + 6 * s + A["kidney_level"]
+    zkr = zkl - A["kidney_drop"]
     kid = {}
     for side, nm, zk in ((+1, "right", zkr), (-1, "left", zkl)):
-        r = np.array([27, 24, 61]) * s * S[f"kidney_{nm}"]
-        c = np.array([side * 74 * s, ys(zk) - 10 * s, zk]) + J[f"kidney_{nm}"] * np.array([1, 1, 0])
-        kid[nm] = (c, r)
-        R = rotation(-side * 35, -side * 12, axes="zy")       # convex border postero-lateral, upper pole medial
-        add(f"kidney_{nm}", blob(c, r, R=R, coeffs=W(0.04), bend=(-side * 0.2, 0)))
+        name = anat(f"kidney_{nm}")
+        r = np.array([27, 24, 61]) * s * S[name]
+        c = np.array([side * 74 * s, ys(zk) - 10 * s, zk]) + J[name] * np.array([1, 1, 0])
+        kid[nm] = (c, r)                                          # the orthotopic place, where the adrenal sits
+        R = rotation(-side * 35, -side * 12, axes="zy")           # convex border postero-lateral, upper pole medial
+        w = W(0.04)
+        if V.get("pelvic_kidney") == name.split("_")[1]:           # malrotated, hilum forward, in front of the sacroiliac joint
+            cp = np.array([side * 46 * s, f.yS + 46 * s, zc("S1") - 34 * s]) + J[name] * np.array([0.5, 0.5, 0.5])
+            shape = blob(cp, r * np.array([1.0, 1.0, 0.85]), R=rotation(side * 70, side * 35, axes="zy"), coeffs=w, bend=(-side * 0.15, 0))
+        else: shape = blob(c, r, R=R, coeffs=w, bend=(-side * 0.2, 0))
+        if V.get("nephrectomy") != name.split("_")[1]: add(f"kidney_{nm}", shape)
     for side, nm in ((+1, "right"), (-1, "left")):
         c, r = kid[nm]
-        ca = c + np.array([-side * 22 * s, (8 if side > 0 else 14) * s, r[2] + 14 * s]) + J[f"adrenal_{nm}"] * 0.5
+        ca = np.array([c[0] - side * 22 * s, c[1] + (8 if side > 0 else 14) * s, c[2] + 61 * s * S[anat(f"kidney_{nm}")] + 14 * s])
+        ca = ca + J[anat(f"adrenal_gland_{nm}")]
         add(f"adrenal_gland_{nm}", blob(ca, np.array([5, 14, 24]) * s * S["adrenal"], R=rotation(side * -30, axes="z"), coeffs=W(0.05)))
     yp = lambda z: f.ya(z, 12) + 26 * s                   # pancreas in front of the aorta
     jp = J["pancreas"]
@@ -430,7 +575,7 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
     add("portal_vein_and_splenic_vein", tube(np.array(portal) + jp * np.array([0, 0, 1]), [5 * s, 5.5 * s, 7 * s, 7 * s, 5 * s]))
     panc = [(30 * s, yp(zc("L2")) - 2 * s, zc("L2") + 4 * s), (6 * s, yp(zc("L1")) + 4 * s, zc("L1") - 6 * s), (-28 * s, yp(zc("L1")), zc("L1") + 2 * s),
             (-62 * s, ys(zc("T12")) + 22 * s, zc("T12") - 2 * s), (-80 * s, ys(zc("T12")) + 14 * s, zc("T12") + 6 * s)]
-    add("pancreas", tube(np.array(panc) + jp, np.array([19, 14, 13, 12, 10]) * s * S["pancreas"]))
+    add("pancreas", tube(np.array(panc) + jp, np.array([19, 14, 13, 12, 10]) * s * math.sqrt(S["pancreas"] ** 3)))
     duo = [(14 * s, 45 * s, zc("L1") + 4 * s), (42 * s, 30 * s, zc("L1") + 2 * s), (56 * s, yp(zc("L1")) + 6 * s, zc("L1") - 10 * s),
            (58 * s, yp(zc("L3")) + 4 * s, zc("L3")), (24 * s, yp(zc("L3")) - 4 * s, zc("L3") - 4 * s), (-14 * s, yp(zc("L3")) - 2 * s, zc("L3")),
            (-26 * s, yp(zc("L2")), zc("L2") + 6 * s)]
@@ -438,17 +583,35 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
     # gallbladder (before the liver, which wraps around it), liver, spleen, stomach
     liv = np.array([42 * s, 4 * s, A["dome_R"] - 62 * s]) + J["liver"]
     gb = liv + np.array([6, 44, -50]) * s + J["gallbladder"]
-    add("gallbladder", blob(gb, np.array([15, 17, 36]) * s * S["gallbladder"], R=rotation(-30, 20, axes="xy"), coeffs=W(0.05)).where(lambda X, Y, Z: Z < bd.dome(X, Y) - 30 * s))
-    lr = np.array([108, 92, 90]) * s * S["liver"]
-    add("liver", blob(liv, lr, R=rotation(-8, axes="z"), coeffs=W(0.06), taper=(0.55, 0.7)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 5 * s))
-    spl = np.array([-98 * s, -28 * s, 0.0]) + J["spleen"]
-    spl[2] += float(bd.dome(spl[0], spl[1])) - 38 * s * S["spleen"]          # tucked under the left dome
-    add("spleen", blob(spl, np.array([19, 60, 46]) * s * S["spleen"], R=rotation(40, axes="z"), coeffs=W(0.06), bend=(0, 0.3)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 6 * s))
+    gb_shape = blob(gb, np.array([15, 17, 36]) * s * S["gallbladder"], R=rotation(-30, 20, axes="xy"), coeffs=W(0.05)).where(lambda X, Y, Z: Z < bd.dome(X, Y) - 30 * s)
+    if not V.get("cholecystectomy"): add("gallbladder", gb_shape)
+    wl = W(0.06)
+    # the duodenal loop and the pancreatic head, with a margin of fat, stay free of the liver
+    ring = tube(np.array(duo) + jp * np.array([0.5, 0.5, 1]), 17 * s) | tube((np.array(panc) + jp)[:3], np.array([25, 20, 19]) * s)
+    keep_out = ring.fn
+    def liver(k: float) -> Shape:                         # the right lobe grows downwards from under the dome, as in hepatomegaly
+        kx, kz = k ** 0.8, k ** 1.4
+        g = max(kz - 1, 0)
+        c = liv + np.array([20 * (kx - 1), 0, -70 * (kz - 1)]) * s
+        return (blob(c, np.array([108 * kx, 92 * kx, 90 * kz]) * s, R=rotation(-8, axes="z"), coeffs=wl, taper=(0.55, 0.7 + min(1.5 * g, 0.8)))
+                .where(lambda X, Y, Z: (Z <= bd.dome(X, Y) - 5 * s) & ~keep_out(X, Y, Z)))
+    k_liv = fit_scale(liver, A["target_ml"]["liver"] / _KEPT["liver"], clip=bd.in_cavity, box=f.box)
+    add("liver", liver(k_liv))
+    spl0 = np.array([-98 * s, -28 * s, 0.0]) + J["spleen"]
+    ws = W(0.06)
+    def spleen(k: float) -> Shape:                        # tucked under the left dome; an enlarged one grows long, down and forward
+        kt, kl = k ** 0.6, k ** 1.2                       # thickness grows least
+        c = spl0 + rotation(40, axes="z")[:, 1] * 35 * s * (kl - 1)   # the posterior pole stays near the kidney
+        c[2] = float(bd.dome(c[0], c[1])) - 38 * s * kl
+        return blob(c, np.array([19 * kt, 60 * kl, 46 * kl]) * s, R=rotation(40, axes="z"), coeffs=ws, bend=(0, 0.3)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 6 * s)
+    k_spl = fit_scale(spleen, A["target_ml"]["spleen"] / _KEPT["spleen"], clip=bd.in_cavity, box=f.box)
+    if not V.get("splenectomy"): add("spleen", spleen(k_spl))
     st = np.array([-55 * s, 22 * s, A["dome_L"] - 62 * s]) + J["stomach"]
     sr = np.array([44, 38, 74]) * s * S["stomach"]
     stomach = blob(st, sr, R=rotation(15, axes="y"), coeffs=W(0.06))
     antrum = tube([st + np.array([12, 10, -50]) * s, (-8 * s, 44 * s, zc("L1") + 10 * s), (14 * s, 45 * s, zc("L1") + 4 * s)], [24 * s, 17 * s, 12 * s])
     add("stomach", (stomach | antrum).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 6 * s))
+    A["fitted"] = dict(liver=round(k_liv, 4), spleen=round(k_spl, 4))
     return out
 
 # %% ../nbs/03_phantom.ipynb #4c12fd4d
@@ -464,7 +627,7 @@ def _lungs(f: SimpleNamespace) -> list[tuple[str, Shape, str]]:
         def fn(X, Y, Z):
             a, ba, bp = bd.cavity_axes(Z)
             ap = np.sqrt(np.clip((z_apex - Z) / (70 * s), 0, 1)) + 1e-6   # rounded apex
-            m = bd.in_cavity(X, Y, Z) & _inside(X, Y, a * ap, ba * ap, bp * ap) & (Z >= bd.dome(X, Y)) & (side * X >= 8 * s)
+            m = bd.in_cavity(X, Y, Z) & _inside(X, Y, a * ap, ba * ap, bp * ap) & (Z >= bd.dome_world(X, Y)) & (side * X >= 8 * s)
             # oblique fissure: high posteriorly (T4-T5), low anteriorly (diaphragm)
             yb, yf = ys(zc("T6")), 70 * s
             zp = zc("T4" if side < 0 else "T5") + fz[0 if side < 0 else 1]
@@ -508,7 +671,7 @@ def _pelvis_and_bowel(f: SimpleNamespace, rng: np.random.Generator) -> list[tupl
     bl[2] += br[2] - 34 * s                                   # a full bladder rises, its base stays
     add("urinary_bladder", blob(bl, br, coeffs=W(0.05)))
     if A["sex"] == "M":
-        pc = np.array([0, f.y_pub - 36 * s, f.z_bl - 52 * s]) + J["prostate"]
+        pc = np.array([0, f.y_pub - 36 * s, f.z_bl - 44 * s]) + J["prostate"]
         add("prostate", blob(pc, np.array([24, 18, 19]) * s * S["prostate"], coeffs=W(0.05)))
     # colon (frame) and small bowel (fills the rest of the mid and lower abdomen)
     jc = J["colon"]
@@ -523,9 +686,11 @@ def _pelvis_and_bowel(f: SimpleNamespace, rng: np.random.Generator) -> list[tupl
 
 # %% ../nbs/03_phantom.ipynb #fa5cc695
 def _structures(bd: Body, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
-    "Every structure as (name, shape, clip) in priority order; clip is 'body' or 'cavity'."
+    """Every structure as (name, shape, clip) in priority order; clip is 'body' or 'cavity'. In situs inversus the
+    vessels, viscera and bowel are mirrored (skeleton, muscles and lungs are not) and paired names swapped."""
     f = _landmarks(bd)
-    return _skeleton(f, rng) + _vessels_and_airways(f) + _organs(f, rng) + _lungs(f) + _pelvis_and_bowel(f, rng)
+    flip = (lambda items: [(f.anat(n), mirror(sh), c) for n, sh, c in items]) if f.SI else (lambda items: items)
+    return _skeleton(f, rng) + flip(_vessels_and_airways(f)) + flip(_organs(f, rng)) + _lungs(f) + flip(_pelvis_and_bowel(f, rng))
 
 # %% ../nbs/03_phantom.ipynb #565f0415
 def _body_masks(grid: Grid, bd: Body) -> tuple[np.ndarray, np.ndarray]:
@@ -544,16 +709,30 @@ def _draw(grid: Grid, structures, body: np.ndarray, cavity: np.ndarray) -> np.nd
     return L
 
 # %% ../nbs/03_phantom.ipynb #e3f36036
-TUMOUR_KINDS = {"kidney": "kidney_tumor", "liver": "liver_tumor", "pancreas": "pancreas_tumor", "lung": "lung_tumor"}
+TUMOUR_KINDS = {"kidney": "kidney_tumor", "liver": "liver_tumor", "pancreas": "pancreas_tumor", "lung": "lung_tumor",
+                "spleen": "spleen_tumor"}
 _TUMOUR_HOSTS = {"kidney": ("kidney_right", "kidney_left"), "liver": ("liver",), "pancreas": ("pancreas",),
-                 "lung": ("lung_upper_lobe_right", "lung_middle_lobe_right", "lung_lower_lobe_right", "lung_upper_lobe_left", "lung_lower_lobe_left")}
-_TUMOUR_SIZE_MM = {"kidney": (15, 45), "liver": (12, 50), "pancreas": (12, 26), "lung": (8, 30)}
+                 "lung": ("lung_upper_lobe_right", "lung_middle_lobe_right", "lung_lower_lobe_right", "lung_upper_lobe_left", "lung_lower_lobe_left"),
+                 "spleen": ("spleen",)}
+_TUMOUR_SIZE_MM = {"kidney": (12, 70), "liver": (10, 80), "pancreas": (12, 35), "lung": (8, 45), "spleen": (10, 40)}
+_TUMOUR_WEIGHT = {"kidney": 0.25, "liver": 0.3, "pancreas": 0.1, "lung": 0.25, "spleen": 0.1}
 
-def _tumour_spec(tumours, rng: np.random.Generator, rate: float = 0.5) -> dict[str, float | None]:
-    "Normalise `tumours` (None: with probability `rate` one or two random kinds; bool; kinds; {kind: diameter_mm})."
-    u, n, order = rng.random(), 1 + int(rng.random() < 0.35), rng.permutation(len(TUMOUR_KINDS))  # always drawn
-    if tumours is None: kinds = {list(TUMOUR_KINDS)[i]: None for i in order[:n]} if u < rate else {}
-    elif tumours is True: kinds = {k: None for k in TUMOUR_KINDS}
+def _tumour_spec(tumours, rng: np.random.Generator, rate: float = 0.5, max_lesions: int = 3,
+                 present: Sequence[str] | None = None) -> dict[str, float | None]:
+    """Normalise `tumours` to `{kind: diameter_mm or None}`. None: with probability `rate` one lesion, joined by
+    more (each with probability 0.4, at most `max_lesions`) in other organs among `present` (default: all
+    kinds); True: every kind in `present`; False: none; a list of kinds; or `{kind: diameter_mm}`."""
+    kinds_all = list(TUMOUR_KINDS)
+    u = rng.random()                                               # always drawn, in a fixed number
+    more = rng.random(len(kinds_all))
+    keys = np.log([_TUMOUR_WEIGHT[k] for k in kinds_all]) + rng.gumbel(size=len(kinds_all))   # weighted order
+    avail = kinds_all if present is None else [k for k in kinds_all if k in present]
+    if tumours is None:
+        n = 1
+        while n < min(max_lesions, len(avail)) and more[n] < 0.4: n += 1
+        order = [kinds_all[i] for i in np.argsort(-keys) if kinds_all[i] in avail]
+        kinds = {k: None for k in order[:n]} if u < rate and max_lesions > 0 and avail else {}
+    elif tumours is True: kinds = {k: None for k in avail}
     elif tumours is False: kinds = {}
     elif isinstance(tumours, Mapping): kinds = {k: (None if v is None else float(v)) for k, v in tumours.items()}
     else: kinds = {k: None for k in tumours}
@@ -563,21 +742,28 @@ def _tumour_spec(tumours, rng: np.random.Generator, rate: float = 0.5) -> dict[s
     if bad: raise ValueError(f"unknown tumour kind(s) {bad}; expected some of {list(TUMOUR_KINDS)}")
     return kinds
 
-def _carve_tumour(L: np.ndarray, grid: Grid, kind: str, diameter: float | None, rng: np.random.Generator) -> dict:
-    "Carve one tumour of `kind` into its host; return its description (before measurement)."
+def _carve_tumour(L: np.ndarray, grid: Grid, kind: str, diameter: float | None, rng: np.random.Generator,
+                  avoid: Sequence[float] = ()) -> dict:
+    """Carve one lesion of `kind` into a host this subject has; return its description (before measurement).
+    A drawn diameter avoids those in `avoid` (the subject's other lesions), so a report never has two lesions
+    of the same size that a reader could confuse."""
     hosts = _TUMOUR_HOSTS[kind]
-    host = hosts[int(rng.integers(len(hosts)))]
+    pick, u = int(rng.integers(len(hosts))), float(rng.random())
+    present = [h for h in hosts if (L == NAME_TO_ID[h]).any()]
+    if not present: raise ValueError(f"cannot place a {kind} tumour: its host ({', '.join(hosts)}) is absent in this subject")
+    host = hosts[pick] if hosts[pick] in present else present[pick % len(present)]
     lo, hi = _TUMOUR_SIZE_MM[kind]
-    want = float(diameter) if diameter is not None else float(rng.integers(lo, hi + 1))
+    want = float(diameter) if diameter is not None else float(round(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))))
     hid = NAME_TO_ID[host]
     m = L == hid
-    if not m.any(): raise ValueError(f"cannot place a {kind} tumour: host {host} is absent on this grid")
     sl = ndimage.find_objects(m.astype(np.uint8))[0]
     sl = tuple(slice(max(0, s.start - 1), s.stop + 1) for s in sl)
     dist = ndimage.distance_transform_edt(m[sl], sampling=grid.spacing)
     margin = max(grid.spacing)
     d_max = 2 * (dist.max() - margin)
-    if diameter is None: want = float(min(want, math.floor(d_max)))
+    if diameter is None:
+        want = float(min(want, math.floor(d_max)))
+        while want in avoid: want -= 1
     if want < 3 or want > d_max:
         raise ValueError(f"cannot place a {want:g} mm {kind} tumour in {host}: at most {max(d_max, 0):.0f} mm fits on this grid")
     cand = np.argwhere(dist >= want / 2 + margin)
@@ -693,12 +879,38 @@ def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.nd
     return np.clip(np.rint(img), -1024, 3071).astype(np.int16)
 
 # %% ../nbs/03_phantom.ipynb #0b608265
-LIVER_ENLARGED_ML, SPLEEN_ENLARGED_ML, SPLEEN_ENLARGED_MM = 2000.0, 315.0, 130.0
+LIVER_ENLARGED_ML = reference_range("liver", "normal")[1]                       # 2000 mL
+SPLEEN_ENLARGED_ML = reference_range("spleen", "normal")[1]                     # 315 mL
+SPLEEN_ENLARGED_MM = reference("spleen").dims_mm["length"][2]                   # 130 mm
+KIDNEY_SMALL_ML, KIDNEY_ENLARGED_ML = reference_range("kidney_right", "normal")  # 90, 230 mL
+HEART_ENLARGED_ML = reference_range("heart", "normal")[1]                       # 1000 mL
+PROSTATE_ENLARGED_ML = reference_range("prostate", "normal")[1]                 # 30 mL
+
+def _organ_ml(S: Mapping, tumours: Sequence[dict], organ: str) -> float:
+    "Volume of `organ` with the lesions it hosts (which were carved out of it)."
+    return S[organ]["volume_ml"] + sum(t["volume_ml"] for t in tumours if t["host"] == organ)
+
+def size_findings(truth: Mapping) -> dict[str, str]:
+    """How a radiologist would call each organ's size from the measured truth: 'normal', 'enlarged', 'small'
+    or 'absent' for the liver, spleen, kidneys and heart (and the prostate in men)."""
+    S, T = truth["structures"], truth.get("tumours", [])
+    ext = lambda n: max(S[n]["bbox_mm"][1][a] - S[n]["bbox_mm"][0][a] for a in range(3))
+    out = {"liver": "enlarged" if _organ_ml(S, T, "liver") > LIVER_ENLARGED_ML else "normal"}
+    if "spleen" not in S: out["spleen"] = "absent"
+    else: out["spleen"] = "enlarged" if _organ_ml(S, T, "spleen") > SPLEEN_ENLARGED_ML or ext("spleen") > SPLEEN_ENLARGED_MM else "normal"
+    for k in ("kidney_right", "kidney_left"):
+        if k not in S: out[k] = "absent"; continue
+        v = _organ_ml(S, T, k)
+        out[k] = "small" if v < KIDNEY_SMALL_ML else "enlarged" if v > KIDNEY_ENLARGED_ML else "normal"
+    out["heart"] = "enlarged" if S["heart"]["volume_ml"] > HEART_ENLARGED_ML else "normal"
+    if "prostate" in S: out["prostate"] = "enlarged" if S["prostate"]["volume_ml"] > PROSTATE_ENLARGED_ML else "normal"
+    return out
 
 def lesion_location(truth: dict, tumour: dict) -> str:
-    "Anatomical location of a tumour within its host, from the truth (e.g. 'lower pole of the left kidney')."
+    "Anatomical location of a lesion within its host, from the truth (e.g. 'lower pole of the left kidney')."
     S, host, c = truth["structures"], tumour["host"], tumour["centroid_mm"]
     hb = np.array(S[host]["bbox_mm"]) if host in S else None
+    si = "situs_inversus" in truth.get("variants", [])
     if tumour["kind"] == "kidney":
         (lo, hi) = hb[:, 2].min(), max(hb[:, 2].max(), tumour["bbox_mm"][1][2])
         f = (c[2] - lo) / max(hi - lo, 1e-6)
@@ -706,17 +918,49 @@ def lesion_location(truth: dict, tumour: dict) -> str:
         return f"{pole} of the {readable(host)}"
     if tumour["kind"] == "liver":
         gx = S["gallbladder"]["centroid_mm"][0] if "gallbladder" in S else S["liver"]["centroid_mm"][0]
-        lobe = "right" if c[0] >= gx else "left"
-        dome = " near the dome" if c[2] > hb[1][2] - 0.25 * (hb[1][2] - hb[0][2]) else ""
-        return f"{lobe} hepatic lobe{dome}"
+        lobe = "right" if (c[0] - gx) * (-1 if si else 1) >= 0 else "left"     # morphological lobe
+        dome = "dome of the " if c[2] > hb[1][2] - 0.25 * (hb[1][2] - hb[0][2]) else ""
+        return f"{dome}{lobe} hepatic lobe"
     if tumour["kind"] == "pancreas":
-        f = (hb[1][0] - c[0]) / max(hb[1][0] - hb[0][0], 1e-6)        # 0 at the right end (head)
+        w = max(hb[1][0] - hb[0][0], 1e-6)
+        f = (c[0] - hb[0][0]) / w if si else (hb[1][0] - c[0]) / w   # 0 at the head
         return "pancreatic " + ("head" if f < 0.3 else "body" if f < 0.65 else "tail")
+    if tumour["kind"] == "spleen":
+        f = (c[2] - hb[0][2]) / max(hb[1][2] - hb[0][2], 1e-6)
+        return "upper splenic pole" if f > 2 / 3 else "lower splenic pole" if f < 1 / 3 else "mid spleen"
     parts = host.split("_")                                        # lung_<lobe>_lobe_<side>
     return f"{parts[3]} {parts[1]} lobe"
 
+# the sentence of the impression that names each variant
+VARIANT_PHRASES = {"situs_inversus": "Situs inversus.", "nephrectomy_left": "Status post left nephrectomy.",
+                   "nephrectomy_right": "Status post right nephrectomy.", "splenectomy": "Status post splenectomy.",
+                   "cholecystectomy": "Status post cholecystectomy.", "pelvic_kidney_left": "Pelvic ectopic left kidney.",
+                   "pelvic_kidney_right": "Pelvic ectopic right kidney.", "renal_atrophy_left": "Atrophic left kidney.",
+                   "renal_atrophy_right": "Atrophic right kidney.", "hepatomegaly": "Hepatomegaly.", "splenomegaly": "Splenomegaly."}
+
 # %% ../nbs/03_phantom.ipynb #217de8ee
 def _cm(mm: float) -> str: return f"{mm / 10:.1f} cm"
+
+def _kidney_sentences(truth: Mapping, sizes: Mapping[str, str], pick: Callable) -> str:
+    S, var = truth["structures"], set(truth.get("variants", []))
+    ext = lambda n: S[n]["bbox_mm"][1][2] - S[n]["bbox_mm"][0][2]
+    ml = lambda n: _organ_ml(S, truth.get("tumours", []), n)
+    if all(sizes[f"kidney_{sd}"] == "normal" for sd in ("right", "left")) and not var & {"pelvic_kidney_left", "pelvic_kidney_right"}:
+        return (f"{pick('Both kidneys are present, orthotopic and normal in size', 'Both kidneys are present, in normal position and of normal size')}"
+                f" (right {_cm(ext('kidney_right'))}, left {_cm(ext('kidney_left'))} craniocaudal).")
+    out = []
+    for sd, other in (("right", "left"), ("left", "right")):
+        n = f"kidney_{sd}"
+        if sizes[n] == "absent":
+            out.append(f"Status post {sd} nephrectomy; the {sd} renal fossa is empty."); continue
+        ectopic = f"pelvic_kidney_{sd}" in var
+        where = f"ectopic, in the {sd} hemipelvis (pelvic kidney), and" if ectopic else "orthotopic and"
+        size = {"normal": f"normal in size ({_cm(ext(n))} craniocaudal)",
+                "small": f"small ({_cm(ext(n))} craniocaudal, about {ml(n):.0f} mL)" + ("" if ectopic else ", consistent with atrophy"),
+                "enlarged": f"enlarged ({_cm(ext(n))} craniocaudal, about {ml(n):.0f} mL)"}[sizes[n]]
+        if sizes[n] == "enlarged" and sizes[f"kidney_{other}"] in ("absent", "small"): size += ", consistent with compensatory hypertrophy"
+        out.append(f"The {sd} kidney is {where} {size}.")
+    return " ".join(out)
 
 def write_report(truth: dict, rng: np.random.Generator) -> str:
     "A Findings / Impression report consistent with `truth` (phrasing drawn from `rng`)."
@@ -724,10 +968,20 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
     ext = lambda n, a: (S[n]["bbox_mm"][1][a] - S[n]["bbox_mm"][0][a]) if n in S else 0.0
     size = lambda d: f"{d:.0f} mm" if rng.random() < 0.6 else _cm(d)
     tum = {t["kind"]: t for t in truth["tumours"]}
+    var = set(truth.get("variants", []))
+    sizes = size_findings(truth)
+    si = "situs_inversus" in var
     findings, impression = [], []
     phase = truth["phase"]
     tech = pick("CT of the chest, abdomen and pelvis", "Thoraco-abdomino-pelvic CT", "CT chest/abdomen/pelvis")
     tech += " without intravenous contrast." if phase == "non-contrast" else pick(" with intravenous contrast in the portal venous phase.", " after intravenous contrast, portal venous phase.")
+    # situs
+    if si:
+        join = lambda xs: xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+        moved = join([n for n in ("liver", "gallbladder", "inferior vena cava") if n.replace(" ", "_") in S])
+        right = join([n for n in ("spleen", "stomach", "descending aorta") if n.split()[-1] in S])
+        findings.append(f"Situs: Situs inversus totalis with dextrocardia; the {moved} lie on the left, the {right} on the right.")
+    else: findings.append("Situs: Situs solitus.")
     # lungs
     if "lung" in tum:
         t = tum["lung"]; kind = "mass" if t["diameter_mm"] > 30 else "nodule"
@@ -738,14 +992,15 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
     else:
         findings.append("Lungs: " + pick("The lungs are clear. No pulmonary nodule, consolidation or pleural effusion.",
                                          "No focal pulmonary lesion. No pleural effusion.", "Clear lungs without nodules or effusion."))
-    findings.append("Mediastinum: " + pick("Heart size is normal. No pericardial effusion. The thoracic aorta is of normal calibre.",
-                                           "Normal heart size without pericardial effusion. Normal calibre of the aorta.",
-                                           "The heart and great vessels are unremarkable."))
+    heart = ("Dextrocardia. " if si else "") + ("The heart is enlarged." if sizes["heart"] == "enlarged" else "Heart size is normal.")
+    findings.append(f"Mediastinum: {heart} " + pick("No pericardial effusion. The thoracic aorta is of normal calibre.",
+                                                    "No pericardial effusion. Normal calibre of the aorta.", "The great vessels are unremarkable."))
+    if sizes["heart"] == "enlarged": impression.append("Cardiomegaly.")
     # liver
-    lv, span = S["liver"]["volume_ml"] + (tum["liver"]["volume_ml"] if "liver" in tum else 0), ext("liver", 2)
-    if lv > LIVER_ENLARGED_ML:
+    lv, span = _organ_ml(S, truth["tumours"], "liver"), ext("liver", 2)
+    if sizes["liver"] == "enlarged":
         findings.append(f"Liver: {pick('The liver is enlarged', 'Hepatomegaly')} ({_cm(span)} craniocaudal span, about {lv:.0f} mL).")
-        impression.append(pick("Hepatomegaly.", "Enlarged liver."))
+        impression.append(VARIANT_PHRASES["hepatomegaly"])
     else:
         findings.append(f"Liver: {pick('The liver is normal in size', 'Normal liver size')} ({_cm(span)} craniocaudal span).")
     if "liver" in tum:
@@ -754,14 +1009,26 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
         findings.append(f"{pick('A', 'There is a')} {size(t['diameter_mm'])} {adj} lesion in the {t['location']}.")
         impression.append(f"{t['diameter_mm']:.0f} mm {adj} liver lesion in the {t['location']}, indeterminate; "
                           + pick("MRI recommended.", "further characterisation recommended."))
-    elif lv <= LIVER_ENLARGED_ML: findings[-1] = findings[-1][:-1] + pick(", without focal lesion.", ". No focal hepatic lesion.")
-    findings.append("Gallbladder: " + pick("Unremarkable gallbladder without stones.", "The gallbladder is normal.", "No cholelithiasis."))
+    elif sizes["liver"] == "normal": findings[-1] = findings[-1][:-1] + pick(", without focal lesion.", ". No focal hepatic lesion.")
+    if "gallbladder" in S: findings.append("Gallbladder: " + pick("Unremarkable gallbladder without stones.", "The gallbladder is normal.", "The gallbladder is present, without stones."))
+    else:
+        findings.append("Gallbladder: Status post cholecystectomy.")
+        impression.append(VARIANT_PHRASES["cholecystectomy"])
     # spleen
-    sv, sl = S["spleen"]["volume_ml"], max(ext("spleen", a) for a in range(3))
-    if sv > SPLEEN_ENLARGED_ML or sl > SPLEEN_ENLARGED_MM:
-        findings.append(f"Spleen: {pick('Splenomegaly', 'The spleen is enlarged')}, measuring {_cm(sl)} ({sv:.0f} mL).")
-        impression.append("Splenomegaly.")
-    else: findings.append(f"Spleen: {pick('Normal in size', 'Normal size')} ({_cm(sl)}).")
+    if sizes["spleen"] == "absent":
+        findings.append("Spleen: Status post splenectomy; no splenic tissue.")
+        impression.append(VARIANT_PHRASES["splenectomy"])
+    else:
+        sv, sl = _organ_ml(S, truth["tumours"], "spleen"), max(ext("spleen", a) for a in range(3))
+        if sizes["spleen"] == "enlarged":
+            findings.append(f"Spleen: {pick('Splenomegaly', 'The spleen is enlarged')}, measuring {_cm(sl)} ({sv:.0f} mL).")
+            impression.append(VARIANT_PHRASES["splenomegaly"])
+        else: findings.append(f"Spleen: {pick('Normal in size', 'Normal size')} ({_cm(sl)}).")
+        if "spleen" in tum:
+            t = tum["spleen"]
+            findings.append(f"{pick('A', 'There is a')} {size(t['diameter_mm'])} hypodense lesion in the {t['location']}.")
+            impression.append(f"{t['diameter_mm']:.0f} mm hypodense splenic lesion in the {t['location']}, "
+                              + pick("indeterminate.", "likely benign; follow-up suggested."))
     # pancreas, adrenals
     if "pancreas" in tum:
         t = tum["pancreas"]
@@ -770,18 +1037,26 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
     else: findings.append("Pancreas: " + pick("Unremarkable.", "Normal appearance, no ductal dilatation.", "No focal lesion."))
     findings.append("Adrenal glands: " + pick("Normal.", "Both adrenal glands are unremarkable."))
     # kidneys
-    kr, kl = ext("kidney_right", 2), ext("kidney_left", 2)
-    findings.append(f"Kidneys: {pick('Both kidneys are normal in size and position', 'Normal size and position of both kidneys')}"
-                    f" (right {_cm(kr)}, left {_cm(kl)} craniocaudal). {pick('No hydronephrosis.', 'No hydronephrosis or calculi.')}")
+    findings.append(f"Kidneys: {_kidney_sentences(truth, sizes, pick)} {pick('No hydronephrosis.', 'No hydronephrosis or calculi.')}")
     if "kidney" in tum:
         t = tum["kidney"]; adj = pick("hypodense", "hypoattenuating", "solid")
         findings.append(f"{pick('A', 'There is a')} {size(t['diameter_mm'])} {adj} lesion in the {t['location']}.")
         impression.append(f"{t['diameter_mm']:.0f} mm {adj} lesion in the {t['location']}, "
                           + pick("suspicious for renal cell carcinoma.", "further characterisation recommended."))
+    for sd, other in (("right", "left"), ("left", "right")):
+        n = f"kidney_{sd}"
+        if sizes[n] == "absent": impression.append(VARIANT_PHRASES[f"nephrectomy_{sd}"])
+        if f"pelvic_kidney_{sd}" in var: impression.append(VARIANT_PHRASES[f"pelvic_kidney_{sd}"])
+        if sizes[n] == "small" and f"pelvic_kidney_{sd}" not in var: impression.append(VARIANT_PHRASES[f"renal_atrophy_{sd}"])
+        if sizes[n] == "enlarged":
+            impression.append(f"Compensatory hypertrophy of the {sd} kidney." if sizes[f"kidney_{other}"] in ("absent", "small") else f"Enlarged {sd} kidney.")
+    if si: impression.append(VARIANT_PHRASES["situs_inversus"])
     # pelvis
     bv = S["urinary_bladder"]["volume_ml"] if "urinary_bladder" in S else 0.0
     findings.append("Bladder: " + ("Well distended, unremarkable." if bv > 250 else pick("Partially filled, unremarkable.", "Moderately filled. No wall thickening.")))
-    if "prostate" in S: findings.append(f"Prostate: {pick('Normal size', 'Not enlarged')} ({S['prostate']['volume_ml']:.0f} mL).")
+    if "prostate" in S:
+        pv = S["prostate"]["volume_ml"]
+        findings.append(f"Prostate: Enlarged ({pv:.0f} mL)." if sizes["prostate"] == "enlarged" else f"Prostate: {pick('Normal size', 'Not enlarged')} ({pv:.0f} mL).")
     findings.append("Bones: " + pick("No aggressive osseous lesion.", "No suspicious bone lesion. Degenerative changes of the spine.",
                                      "Unremarkable osseous structures."))
     if not impression: impression.append(pick("No acute abnormality in the chest, abdomen or pelvis.", "Unremarkable CT of the chest, abdomen and pelvis."))
@@ -810,7 +1085,7 @@ def orient(vol: Volume, name: str) -> Volume:
     return reorient(vol, *o[name])
 
 # %% ../nbs/03_phantom.ipynb #6a94f653
-PHANTOM_VERSION = "1"
+PHANTOM_VERSION = "2"
 FORMATS = ("nii.gz", "nrrd")
 
 @dataclasses.dataclass(eq=False)
@@ -838,46 +1113,58 @@ def _pick_spacing(rng) -> tuple[float, float, float]:
 # %% ../nbs/03_phantom.ipynb #4125c37b
 def make_subject(subject_id: str, seed: int, tumours: bool | Sequence[str] | Mapping[str, float] | None = None,
                  spacing: Sequence[float] | None = None, orientation: str | None = None, fmt: str | None = None,
-                 tumour_rate: float = 0.5) -> Subject:
+                 tumour_rate: float = 0.5, rates: Mapping[str, float] | None = None, variants: Mapping[str, bool] | None = None,
+                 max_lesions: int = 3) -> Subject:
     """Generate one phantom subject, deterministically from `seed`.
 
-    `tumours`: None gives the subject tumours with probability `tumour_rate` (one or two of the kinds kidney,
-    liver, pancreas, lung, of random size); True all four, False none; a list of kinds; or
-    `{kind: diameter_mm}` for tumours of a given size.
+    `tumours`: None gives the subject lesions with probability `tumour_rate` (one, or up to `max_lesions` in
+    different organs among kidney, liver, pancreas, lung and spleen, of random site and size); True one in every
+    organ it has, False none; a list of kinds; or `{kind: diameter_mm}` for lesions of a given size.
+    `rates`: rates of the anatomical variants and pathology (default `DEFAULT_RATES`); `variants`: `{variant:
+    bool}` overriding the draw (a cohort uses it to give each variant to an exact share of its subjects).
     `spacing`: (x, y, z) mm, default drawn per subject (2-2.5 mm in plane, 3-5 mm slices).
     `orientation`/`fmt`: how `write_subject` stores it (default drawn from the seed)."""
     ss = np.random.SeedSequence(int(seed))
     r_anat, r_shape, r_grid, r_tum, r_img, r_rep, r_store = (np.random.default_rng(c) for c in ss.spawn(7))
-    A = _anatomy(r_anat)
+    A = _anatomy(r_anat, rates, variants)
     bd = Body(A)
     structures = _structures(bd, r_shape)
     sp = tuple(float(v) for v in spacing) if spacing is not None else _pick_spacing(r_grid)
     zz = np.linspace(*A["z_range"], 200)
-    w, ba, bp = (float(v.max()) + 6 for v in bd.outline(zz))
-    grid = make_grid((-w, -bp, A["z_range"][0]), (w, ba, A["z_range"][1]), sp)
+    w, ba, bp = (float(v.max()) for v in bd.outline(zz))
+    mr, ml, ma, mp = A["fov_margin"]                           # air beside the patient: right, left, front, back
+    grid = make_grid((-w - ml, -bp - mp, A["z_range"][0]), (w + mr, ba + ma, A["z_range"][1]), sp)   # the body's own frame
     body, cavity = _body_masks(grid, bd)
     L = _draw(grid, structures, body, cavity)
-    spec = _tumour_spec(tumours, r_tum, tumour_rate)
+    drawn = {n for n, _, _ in structures}
+    spec = _tumour_spec(tumours, r_tum, tumour_rate, max_lesions, present=[k for k, hs in _TUMOUR_HOSTS.items() if drawn & set(hs)])
     tlist = []
     for kind in TUMOUR_KINDS:                                   # fixed order: deterministic streams
         if kind in spec:
-            t = _carve_tumour(L, grid, kind, spec[kind], r_tum)
+            t = _carve_tumour(L, grid, kind, spec[kind], r_tum, avoid=[x["diameter_mm"] for x in tlist])
             t["delta_hu"] = float(r_tum.uniform(25, 45))
             tlist.append(t)
     phase = int(r_img.integers(2))
     noise = float(r_img.uniform(10, 20))
     img = _render(L, grid, bd, body, cavity, phase, tlist, r_img, noise)
-    structs = label_stats(L, grid.affine)
+    # the patient lies off the table's centre at some table position: world = body frame + offset
+    offset = np.array([_q(v) for v in A["offset"]])
+    world = Grid(tuple(float(o + d) for o, d in zip(grid.origin, offset)), grid.spacing, grid.shape)
+    structs = label_stats(L, world.affine)
     truth = dict(subject_id=subject_id, seed=int(seed), phantom_version=PHANTOM_VERSION, sex=A["sex"], phase=PHASES[phase],
-                 noise_hu=round(noise, 2), spacing_mm=list(grid.spacing), shape=list(grid.shape), affine=grid.affine.tolist(),
-                 structures=structs, tumours=[])
+                 noise_hu=round(noise, 2), spacing_mm=list(world.spacing), shape=list(world.shape), affine=world.affine.tolist(),
+                 body=A["body"], variants=variant_names(A["variants"]), patient_offset_mm=[float(v) for v in offset],
+                 target_ml=A["target_ml"], structures=structs, tumours=[])
     for t in tlist:
         m = structs[t["name"]]
-        tt = dict(name=t["name"], kind=t["kind"], label=t["label"], host=t["host"], side="left" if t["host"].endswith("left") else "right",
+        side = "left" if t["host"].endswith("left") else "right" if t["host"].endswith("right") else \
+            "right" if m["centroid_mm"][0] > offset[0] else "left"          # unpaired hosts: the side of the midline
+        tt = dict(name=t["name"], kind=t["kind"], label=t["label"], host=t["host"], side=side,
                   diameter_mm=t["diameter_mm"], volume_ml=m["volume_ml"], voxels=m["voxels"], centroid_mm=m["centroid_mm"],
                   bbox_mm=m["bbox_mm"], hu_below_host=round(t["delta_hu"], 1))
         tt["location"] = lesion_location(truth, tt)
         truth["tumours"].append(tt)
+    truth["findings"] = size_findings(truth)
     report = write_report(truth, r_rep)
     truth["report"] = report
     names = list(orientations())
@@ -886,7 +1173,7 @@ def make_subject(subject_id: str, seed: int, tumours: bool | Sequence[str] | Map
     if f not in FORMATS: raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     if o not in names: raise ValueError(f"unknown orientation {o!r}; expected one of {', '.join(names)}")
     truth["storage"] = dict(orientation=o, format=f)
-    return Subject(subject_id, int(seed), Volume(img, grid.affine), Volume(L, grid.affine), body, truth, report, o, f)
+    return Subject(subject_id, int(seed), Volume(img, world.affine), Volume(L, world.affine), body, truth, report, o, f)
 
 # %% ../nbs/03_phantom.ipynb #76c9c453
 def show_subject(subject: Subject | tuple[Volume, Volume], at: str | Sequence[float] | None = None, window=(-160, 240),
@@ -937,35 +1224,62 @@ def write_subject(subject: Subject, outdir: str | os.PathLike, orientation: str 
     rel = lambda n: f"{subject.subject_id}/{n}"
     return dict(subject_id=subject.subject_id, scan_id=subject.subject_id, image=rel(f"image.{f}"), labels=rel(f"labels.{f}"),
                 truth=rel("truth.json"), report=rel("report.txt"), orientation=o, format=f, seed=subject.seed,
-                phantom_version=PHANTOM_VERSION, tumours=[t["name"] for t in subject.truth["tumours"]])
+                phantom_version=PHANTOM_VERSION, tumours=[t["name"] for t in subject.truth["tumours"]],
+                variants=",".join(subject.truth["variants"]))
 
 # %% ../nbs/03_phantom.ipynb #301ccf7b
 def subject_seed(seed: int, index: int) -> int:
     "The seed of subject `index` of a cohort drawn with `seed`."
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
 
+# variants that cannot, or need not, share a subject: a cohort gives them to different subjects when it can
+_CONFLICT = {"nephrectomy_left": {"nephrectomy_right", "pelvic_kidney", "renal_atrophy"},
+             "nephrectomy_right": {"nephrectomy_left", "pelvic_kidney", "renal_atrophy"},
+             "pelvic_kidney": {"nephrectomy_left", "nephrectomy_right", "renal_atrophy"},
+             "renal_atrophy": {"nephrectomy_left", "nephrectomy_right", "pelvic_kidney"},
+             "splenectomy": {"splenomegaly"}, "splenomegaly": {"splenectomy"}}
+
+def cohort_variants(n_subjects: int, seed: int = 0, rates: Mapping[str, float] | None = None) -> list[dict[str, bool]]:
+    """Which subjects of a cohort get each variant: exactly round(n × rate) of them (rounded at random, so the
+    expected count is n × rate), chosen by a seeded shuffle that avoids subjects with a conflicting variant."""
+    rates = _check_rates(rates)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2**31 + 1]))
+    out = [dict.fromkeys(VARIANTS, False) for _ in range(n_subjects)]
+    for k in VARIANTS:
+        x = n_subjects * rates[k]
+        m = int(x) + int(rng.random() < x - int(x))
+        order = rng.permutation(n_subjects)
+        clash = [sum(out[i][c] for c in _CONFLICT.get(k, ())) for i in order]
+        for i in order[np.argsort(clash, kind="stable")][:m]: out[i][k] = True
+    return out
+
 def _cohort_job(job: dict) -> dict:
     "Make and write one cohort subject (module level, so worker processes can run it)."
     s = make_subject(job["subject_id"], job["seed"], tumours=job["tumours"], spacing=job["spacing"],
-                     orientation=job["orientation"], fmt=job["format"], tumour_rate=job["tumour_rate"])
+                     orientation=job["orientation"], fmt=job["format"], tumour_rate=job["tumour_rate"],
+                     rates=job["rates"], variants=job["variants"], max_lesions=job["max_lesions"])
     return write_subject(s, job["outdir"])
 
 def make_cohort(outdir: str | os.PathLike, n_subjects: int = 12, seed: int = 0, tumour_rate: float = 0.5,
                 spacing: Sequence[float] | None = None, workers: int | None = None, scheduler: str | None = None,
-                prefix: str = "phantom") -> list[dict]:
+                prefix: str = "phantom", rates: Mapping[str, float] | None = None, max_lesions: int = 3) -> list[dict]:
     """Generate and write `n_subjects` phantoms under `outdir`, plus the manifest `outdir/cohort.json`; return its entries.
 
     The manifest is a JSON list with one entry per subject (`subject_id` = `scan_id`, `image`, `labels`, `truth`,
-    `report` relative to `outdir`, `orientation`, `format`, `seed`, ...), the form `spatialvqa.measure` reads.
+    `report` relative to `outdir`, `orientation`, `format`, `seed`, `variants`, ...), the form `spatialvqa.measure` reads.
 
     Subject `i` is `<prefix>_<iii>` with seed `subject_seed(seed, i)`. Orientations are a seeded shuffle of
-    `orientations()` (all twelve appear once per twelve subjects); formats alternate NIfTI / NRRD."""
+    `orientations()` (all twelve appear once per twelve subjects); formats alternate NIfTI / NRRD; each variant
+    goes to round(n × rate) subjects (`cohort_variants`)."""
     outdir = Path(outdir); outdir.mkdir(parents=True, exist_ok=True)
+    rates = _check_rates(rates)
     names = list(orientations())
     order = np.random.default_rng(np.random.SeedSequence([int(seed), 2**31])).permutation(len(names))
+    var = cohort_variants(n_subjects, seed, rates)
     jobs = [dict(outdir=str(outdir), subject_id=f"{prefix}_{i:03d}", seed=subject_seed(seed, i), tumours=None,
                  tumour_rate=tumour_rate, spacing=None if spacing is None else [float(v) for v in spacing],
-                 orientation=names[order[i % len(names)]], format=FORMATS[i % 2]) for i in range(n_subjects)]
+                 orientation=names[order[i % len(names)]], format=FORMATS[i % 2], rates=rates, variants=var[i],
+                 max_lesions=int(max_lesions)) for i in range(n_subjects)]
     res = parallel_map(_cohort_job, jobs, workers=workers, scheduler=scheduler, desc="phantoms")
     bad = [f"{r.item['subject_id']}: {r.error}" for r in res if not r.ok]
     if bad: raise RuntimeError(f"{len(bad)} phantom subject(s) failed:\n" + "\n".join(bad))
@@ -979,3 +1293,101 @@ def read_cohort(outdir: str | os.PathLike) -> list[dict]:
     outdir = Path(outdir)
     subs = read_json(outdir / "cohort.json")
     return [{**e, **{k: str(outdir / e[k]) for k in ("image", "labels", "truth", "report")}} for e in subs]
+
+# %% ../nbs/03_phantom.ipynb #66c62b60
+ATLAS_STRUCTURES: tuple[str, ...] = (
+    "liver", "spleen", "kidney_right", "kidney_left", "gallbladder", "stomach", "pancreas", "heart", "aorta",
+    "inferior_vena_cava", "portal_vein_and_splenic_vein", "urinary_bladder", "adrenal_gland_right", "adrenal_gland_left",
+    "esophagus", "trachea", "duodenum", "lung_upper_lobe_right", "lung_middle_lobe_right", "lung_lower_lobe_right",
+    "lung_upper_lobe_left", "lung_lower_lobe_left")
+RELATIONS: dict[str, int | None] = {"right": 0, "anterior": 1, "superior": 2, "larger": None}
+
+def _table(truths: Sequence[Mapping], names: Sequence[str], frame: str):
+    import pandas as pd
+    if frame not in ("body", "world"): raise ValueError(f"frame must be 'body' or 'world', got {frame!r}")
+    rows = []
+    for t in truths:
+        off = np.asarray(t.get("patient_offset_mm") or (0.0, 0.0, 0.0), float) if frame == "body" else np.zeros(3)
+        for n in names:
+            if n in t["structures"]:
+                c = np.asarray(t["structures"][n]["centroid_mm"], float) - off
+                rows.append(dict(subject=t["subject_id"], name=n, x=c[0], y=c[1], z=c[2], volume_ml=t["structures"][n]["volume_ml"]))
+    return pd.DataFrame(rows, columns=["subject", "name", "x", "y", "z", "volume_ml"])
+
+def cohort_variation(truths: Sequence[Mapping], names: Sequence[str] = ATLAS_STRUCTURES, frame: str = "body"):
+    """Per structure: subjects that have it (`n`), centroid SD per axis (`sd_x/y/z`, mm), RMS spread (`spread_mm`),
+    centroid range per axis (`range_x/y/z`), mean volume and its coefficient of variation (`volume_cv`)."""
+    import pandas as pd
+    d = _table(truths, names, frame)
+    out = []
+    for n, g in d.groupby("name", sort=False):
+        sd = g[["x", "y", "z"]].std(ddof=0)
+        out.append(dict(name=n, n=len(g), sd_x=sd.x, sd_y=sd.y, sd_z=sd.z, spread_mm=float(np.sqrt((sd ** 2).sum())),
+                        range_x=g.x.max() - g.x.min(), range_y=g.y.max() - g.y.min(), range_z=g.z.max() - g.z.min(),
+                        volume_ml=g.volume_ml.mean(), volume_cv=g.volume_ml.std(ddof=0) / g.volume_ml.mean()))
+    return pd.DataFrame(out).set_index("name").round(3)
+
+def atlas_agreement(truths: Sequence[Mapping], names: Sequence[str] = ATLAS_STRUCTURES, frame: str = "world",
+                    tie_mm: float = 5.0, tie_rel: float = 0.1):
+    """Leave-one-subject-out atlas on pairwise relations: one row per (relation, a, b, held-out subject) with the
+    subject's own answer (`truth`: a is more right / anterior / superior / larger than b), the atlas's answer from
+    the other subjects' medians (`atlas`) and whether they agree (`correct`)."""
+    import pandas as pd
+    d = _table(truths, names, frame)
+    cols = {"right": "x", "anterior": "y", "superior": "z", "larger": "volume_ml"}
+    wide = {rel: d.pivot(index="subject", columns="name", values=c) for rel, c in cols.items()}
+    subjects = list(wide["right"].index)
+    rows = []
+    for rel, w in wide.items():
+        present = [n for n in names if n in w.columns]
+        for s in subjects:
+            mine, rest = w.loc[s], w.drop(index=s).median()
+            for i, a in enumerate(present):
+                for b in present[i + 1:]:
+                    va, vb = mine[a], mine[b]
+                    if np.isnan(va) or np.isnan(vb) or np.isnan(rest[a]) or np.isnan(rest[b]): continue
+                    tie = abs(va - vb) < (tie_rel * max(va, vb) if rel == "larger" else tie_mm)
+                    if tie: continue
+                    rows.append(dict(relation=rel, a=a, b=b, subject=s, truth=bool(va > vb), atlas=bool(rest[a] > rest[b])))
+    df = pd.DataFrame(rows, columns=["relation", "a", "b", "subject", "truth", "atlas"])
+    df["correct"] = df.truth == df.atlas
+    return df
+
+def atlas_summary(agreement, contested: float = 0.8) -> dict[str, dict]:
+    """Per relation (and 'all'): how often the atlas is right (`accuracy`) over how many (pair, subject) cases
+    (`n`), how many pairs of structures were compared (`pairs`), and how many of them are `contested`: the atlas
+    gets their relation right in at most `contested` of the subjects, so a question about them needs the scan."""
+    out = {}
+    for rel, x in [*agreement.groupby("relation", sort=False), ("all", agreement)]:
+        per_pair = x.groupby(["relation", "a", "b"]).correct.mean()
+        out[rel] = dict(accuracy=round(float(x.correct.mean()), 4), n=int(len(x)), pairs=int(len(per_pair)),
+                        contested=int((per_pair <= contested).sum()))
+    return out
+
+# %% ../nbs/03_phantom.ipynb #c0579ad2
+def cohort_summary(truths: Sequence[Mapping]) -> dict:
+    "Composition, volumes against the reference normal ranges, variation and leave-one-out atlas agreement of a cohort."
+    from collections import Counter
+    n = len(truths)
+    vols = {}
+    for name in ("liver", "spleen", "kidney_right", "kidney_left", "pancreas", "heart", "gallbladder", "prostate", "urinary_bladder"):
+        xs = np.array([t["structures"][name]["volume_ml"] for t in truths if name in t["structures"]])
+        if not len(xs): continue
+        vols[name] = dict(n=int(len(xs)), median=round(float(np.median(xs)), 1), p5=round(float(np.percentile(xs, 5)), 1),
+                          p95=round(float(np.percentile(xs, 95)), 1), min=round(float(xs.min()), 1), max=round(float(xs.max()), 1),
+                          normal=list(reference_range(name, "normal")), outside_normal=int(((xs < reference_range(name, "normal")[0]) | (xs > reference_range(name, "normal")[1])).sum()))
+    var = cohort_variation(truths, frame="body")
+    found = Counter(f"{k}_{v}" for t in truths for k, v in t.get("findings", {}).items() if v != "normal")
+    return dict(
+        subjects=n, sex=dict(Counter(t["sex"] for t in truths)),
+        bmi=dict(min=min(t["body"]["bmi"] for t in truths), max=max(t["body"]["bmi"] for t in truths)) if all("body" in t for t in truths) else None,
+        variants=dict(sorted(Counter(v for t in truths for v in t.get("variants", [])).items())),
+        findings=dict(sorted(found.items())),
+        lesions=dict(total=sum(len(t["tumours"]) for t in truths), subjects_with=sum(bool(t["tumours"]) for t in truths),
+                     per_subject=dict(sorted(Counter(len(t["tumours"]) for t in truths).items())),
+                     kinds=dict(sorted(Counter(x["kind"] for t in truths for x in t["tumours"]).items())),
+                     diameter_mm=[min((x["diameter_mm"] for t in truths for x in t["tumours"]), default=None),
+                                  max((x["diameter_mm"] for t in truths for x in t["tumours"]), default=None)]),
+        volumes_ml=vols,
+        variation={k: dict(spread_mm=round(float(r.spread_mm), 1), volume_cv=round(float(r.volume_cv), 3)) for k, r in var.iterrows()},
+        atlas=atlas_summary(atlas_agreement(truths)))

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from spatialvqa import validate as V
+from spatialvqa.anatomy import reference_range
 from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
@@ -151,12 +152,15 @@ def test_plausibility(bench):
     sid = sorted(table.scan_id.unique())[0]
     liver = (table.scan_id == sid) & (table.name == "liver")
     assert liver.any()
-    table.loc[liver, "volume_ml"] = 3000.0
+    # the plausible range (pathology included): a 3 L liver is enlarged but real, twice the upper bound is not
+    lo, hi = reference_range("liver")
+    assert lo < 3000 < hi
+    table.loc[liver, "volume_ml"] = 2.0 * hi
     kept, removed = V.plausibility(recs, table, scans)
     about = [r for r in recs if (sid, "liver") in V.involved(r)]
     assert about and {r["qid"] for r in about} <= {r["qid"] for r in removed}
     why = {r["qid"]: r["reason"] for r in removed}
-    assert all(f"liver in {sid}: volume 3000.0 mL outside the reference range 1000-2500 mL" in why[r["qid"]] for r in about)
+    assert all(f"liver in {sid}: volume {2.0 * hi:.1f} mL outside the reference range {lo:g}-{hi:g} mL" in why[r["qid"]] for r in about)
     # every removed question involves a flagged structure; switching the range test off keeps the liver questions
     probs = V.structure_problems(table, scans)
     assert all(any(k in probs for k in V.involved(r)) for r in removed)
