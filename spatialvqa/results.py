@@ -24,8 +24,8 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, accuracy_table, blind_gap, ci
 __all__ = ['TABLE2_TASKS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'MATRIX_STATES', 'toy_run', 'model_scope', 'score_models',
            'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'table2_values', 'chance_values', 'table2',
            'sanity_checks', 'markdown', 'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume',
-           'volume_range', 'mra_by_volume', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table',
-           'score_metrics', 'plot_task_bars', 'plot_organ_heatmap', 'plot_radar', 'plot_volume_mra',
+           'volume_range', 'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table', 'position_table',
+           'blind_gap_table', 'score_metrics', 'plot_task_bars', 'plot_organ_heatmap', 'plot_radar', 'plot_volume_mra',
            'correctness_states', 'plot_correctness_matrix', 'answer_lengths', 'plot_answer_lengths',
            'plot_parse_failures', 'split_rotations', 'circular_values', 'circular_chance', 'circular_table',
            'circular_checks', 'plot_circular', 'failure_sheets', 'failure_instructions', 'failure_counts',
@@ -279,6 +279,14 @@ def mra_by_volume(scored: pd.DataFrame, records: Sequence[Mapping], cuts: Sequen
             ci = bootstrap_ci(outcome(g, strict, "mra"), g["scan_id"].astype(str).to_numpy(), n_boot, seed)
             rows.append(dict(model=str(m), volume_range=names[k], n=len(g), estimate=ci["estimate"], ci_low=ci["ci_low"], ci_high=ci["ci_high"]))
     return pd.DataFrame(rows)
+
+# %% ../nbs/13b_results.ipynb #2d6c9ba3
+def read_values(path: str | os.PathLike, models: Sequence[str] | None = None) -> pd.DataFrame:
+    "A long table written by the `tables` stage (`*_values.csv`), keeping the rows of `models` (default: all), in the stored order."
+    v = pd.read_csv(path)
+    if "model" not in v: raise ValueError(f"{path}: no `model` column (not a table written by the tables stage)")
+    v["model"] = v["model"].astype(str)
+    return (v[v["model"].isin([str(m) for m in models])] if models else v).reset_index(drop=True)
 
 # %% ../nbs/13b_results.ipynb #48f360e3
 def parse_table(scored: pd.DataFrame) -> pd.DataFrame:
