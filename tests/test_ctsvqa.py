@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spatialvqa.metrics import add_cli, exact_match, jury_accuracy, normalise_answer, text_metrics, wordnet_missing
+from spatialvqa.ctsvqa import add_cli, exact_match, jury_accuracy, normalise_answer, text_metrics, wordnet_missing
 from spatialvqa.reports import ctsvqa_release, find_ctsvqa_release
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_text_metrics_reproduce_published(release):
 @pytest.mark.slow
 def test_text_cli_reproduces_published_with_sbert(release, tmp_path):
     "The full `ctsvqa-text` (SBERT over 9k pairs: about a minute per model on 2 cores)."
-    from spatialvqa.metrics import sbert_missing
+    from spatialvqa.embed import sbert_missing
     if sbert_missing(): pytest.skip(sbert_missing())
     pub = pd.read_csv(release["published"]["text_metrics_summary"]).set_index("model")
     for m in MODELS:

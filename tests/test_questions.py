@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from spatialvqa import questions as Q
+from spatialvqa.figures import plot_composition
 from spatialvqa.core import load_params, read_json, read_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
@@ -198,7 +199,7 @@ def test_tables_and_plot(cohort, tmp_path):
     assert (comp.iloc[:-1][list(Q.TASKS)].sum() == pd.Series(Counter(r["task"] for r in recs))[list(Q.TASKS)]).all()
     md = Q.markdown_table(comp)
     assert md.count("\n") == len(comp) + 2
-    Q.plot_composition(recs, tmp_path / "c.png")
+    plot_composition(recs, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 10_000
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from spatialvqa import validate as V
+from spatialvqa.stats import cohen_kappa, fleiss_kappa, group_folds
 from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
@@ -118,9 +119,9 @@ def test_cross_fitting_never_trains_on_the_scan_it_answers(bench):
     assert len(spy.calls) == 3
     assert set().union(*(t for _, t in spy.calls)) == {r["scan_id"] for r in recs}
     assert all(preds[r["qid"]]["spy"] == {"pred": "A" if r["format"] == "mc" else None, "proba": None} for r in recs)
-    folds = V.split_scans([r["scan_id"] for r in recs], 2, seed=0)
+    folds = group_folds([r["scan_id"] for r in recs], 2, seed=0)
     assert abs(Counter(folds.values())[0] - Counter(folds.values())[1]) <= 1
-    assert folds != V.split_scans([r["scan_id"] for r in recs], 2, seed=1) or len(folds) < 4
+    assert folds != group_folds([r["scan_id"] for r in recs], 2, seed=1) or len(folds) < 4
 
 
 def test_a_planted_shortcut_is_caught(bench):
@@ -199,22 +200,22 @@ def test_cohen_kappa_matches_sklearn():
         a = rng.integers(0, 3, 40)
         b = np.where(rng.random(40) < rng.random(), a, rng.integers(0, 3, 40))
         for w in (None, "linear", "quadratic"):
-            assert math.isclose(V.cohen_kappa(a, b, weights=w), cohen_kappa_score(a, b, weights=w), abs_tol=1e-12)
-    assert V.cohen_kappa([1, 1, 1], [1, 1, 1]) != V.cohen_kappa([1, 1, 1], [1, 1, 1])        # undefined: NaN
-    with pytest.raises(ValueError, match="same items"): V.cohen_kappa([1, 2], [1])
+            assert math.isclose(cohen_kappa(a, b, weights=w), cohen_kappa_score(a, b, weights=w), abs_tol=1e-12)
+    assert cohen_kappa([1, 1, 1], [1, 1, 1]) != cohen_kappa([1, 1, 1], [1, 1, 1])        # undefined: NaN
+    with pytest.raises(ValueError, match="same items"): cohen_kappa([1, 2], [1])
 
 
 def test_fleiss_kappa():
     # Fleiss (1971) as worked on Wikipedia: 10 subjects, 14 raters, 5 categories, kappa = 0.210
     wiki = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
-    assert math.isclose(V.fleiss_kappa(wiki), 0.20993, abs_tol=1e-4)
-    assert V.fleiss_kappa([[3, 0, 0], [0, 3, 0], [0, 0, 3]]) == 1.0
-    with pytest.raises(ValueError, match="same number"): V.fleiss_kappa([[2, 1], [1, 1]])
+    assert math.isclose(fleiss_kappa(wiki), 0.20993, abs_tol=1e-4)
+    assert fleiss_kappa([[3, 0, 0], [0, 3, 0], [0, 0, 3]]) == 1.0
+    with pytest.raises(ValueError, match="same number"): fleiss_kappa([[2, 1], [1, 1]])
     sm = pytest.importorskip("statsmodels.stats.inter_rater")
     rng = np.random.default_rng(2)
     t = np.stack([rng.multinomial(5, [0.2, 0.3, 0.5]) for _ in range(30)])
-    assert math.isclose(V.fleiss_kappa(t), sm.fleiss_kappa(t), abs_tol=1e-12)
+    assert math.isclose(fleiss_kappa(t), sm.fleiss_kappa(t), abs_tol=1e-12)
 
 
 def test_review_round_trip(val, tmp_path):
@@ -234,7 +235,7 @@ def test_review_round_trip(val, tmp_path):
     assert two.mean.tolist() == [(a + b) / 2 for a, b in zip(r1, r2)]
     assert two.included.tolist() == [(a + b) / 2 > 1.0 for a, b in zip(r1, r2)]
     assert two.agreement["method"] == "cohen" and two.agreement["items"] == 8
-    assert math.isclose(two.agreement["kappa"], V.cohen_kappa(r1, r2, labels=[0, 1, 2]), abs_tol=1e-4)
+    assert math.isclose(two.agreement["kappa"], cohen_kappa(r1, r2, labels=[0, 1, 2]), abs_tol=1e-4)
     c = pd.read_csv(tmp_path / "sheet.csv", dtype=str, keep_default_na=False)
     c["rater_1_score"] = [str(x) for x in r3]
     c.loc[7, "rater_1_score"] = ""                                            # not rated
@@ -242,7 +243,7 @@ def test_review_round_trip(val, tmp_path):
     three = V.read_reviews([tmp_path / "ab.csv", tmp_path / "c.csv"])
     assert three.agreement["method"] == "fleiss" and three.agreement["raters"] == 3 and three.agreement["items"] == 7
     counts = np.stack([[sum(x == k for x in (a, b, c_)) for k in (0, 1, 2)] for a, b, c_ in zip(r1[:7], r2[:7], r3[:7])])
-    assert math.isclose(three.agreement["kappa"], V.fleiss_kappa(counts), abs_tol=1e-4)
+    assert math.isclose(three.agreement["kappa"], fleiss_kappa(counts), abs_tol=1e-4)
     assert math.isclose(three.mean.iloc[7], 0.5)                              # mean of the two raters who rated it
     bad = s.copy(); bad.loc[2, "rater_2_score"] = "yes"; bad.to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(ValueError, match=f"rater_2_score of {recs[2]['qid']} is 'yes'"): V.read_reviews(tmp_path / "bad.csv")
