@@ -27,10 +27,10 @@ import pandas as pd
 import yaml
 
 # %% auto #0
-__all__ = ['OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'flag', 'get_logger', 'progress', 'atomic_write',
-           'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl', 'write_parquet',
-           'sha256_file', 'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours',
-           'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram',
+__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'get_logger',
+           'progress', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl',
+           'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb',
+           'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram',
            'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
@@ -49,6 +49,27 @@ def load_params(section: str | None = None, path: str | os.PathLike | None = Non
     if section is None: return params
     if section not in params: raise KeyError(f"{path}: no section {section!r} (have: {', '.join(params)})")
     return params[section]
+
+# %% ../nbs/00_core.ipynb #ce55cf81
+SHARED = "../shared"                     # relative to the repository root
+
+def _repo_root(start: str | os.PathLike | None = None) -> Path:
+    try: return project_root(start)
+    except FileNotFoundError:
+        if start is not None: raise
+        return project_root(Path(__file__).resolve().parent)    # an editable install: the package sits in the repository
+
+def shared_data(*parts: str, root: str | os.PathLike | None = None) -> Path:
+    """`<repository root>/../shared/data/<parts>`, the local mirror of the pinned external data. Raises FileNotFoundError
+    naming the expected path when `../shared`, or the file or folder asked for, is not there."""
+    repo = _repo_root(root)
+    shared = (repo / SHARED).resolve()
+    if not shared.is_dir():
+        raise FileNotFoundError(f"the shared data folder {shared} is missing: every checkout needs ../shared beside the "
+                                f"repository root {repo} (see README, External data)")
+    p = shared.joinpath("data", *parts)
+    if not p.exists(): raise FileNotFoundError(f"{p} is missing from the shared data folder {shared}")
+    return p
 
 # %% ../nbs/00_core.ipynb #b2071a9e
 def flag(value) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import atomic_write, get_logger, progress, project_root, read_json, read_jsonl, stable_hash
+from .core import atomic_write, get_logger, progress, project_root, read_json, read_jsonl, shared_data, stable_hash
 from .scan import ScanError
 
 # %% auto #0
@@ -53,16 +53,16 @@ def ctsvqa_judgment_name(path: str | os.PathLike) -> tuple[str, str]:
     return m["model"], m["judge"]
 
 # %% ../nbs/30_reports.ipynb #c6d52d24
-RELEASE_CANDIDATES = ("data/ctsvqa/raw/ct-spatialvqa", "data/external/ct-spatialvqa", "../shared/data/ct-spatialvqa")
+RELEASE_CANDIDATES = ("data/ctsvqa/raw/ct-spatialvqa", "data/external/ct-spatialvqa")
 
 def find_ctsvqa_release(root: str | os.PathLike | None = None) -> Path:
-    "The first CT-SpatialVQA release folder found under the project root (fetched copy, DVC mirror, shared mirror)."
+    """The CT-SpatialVQA release folder of a checkout: the fetched copy or the DVC import under the project root when a
+    stage made one, else the shared mirror (`core.shared_data`, which raises naming the path it expected)."""
     root = Path(root) if root else project_root()
     for c in RELEASE_CANDIDATES:
         p = root / c
         if (p / "qa").is_dir(): return p.resolve()
-    raise FileNotFoundError(f"no CT-SpatialVQA release under {root} (looked in {', '.join(RELEASE_CANDIDATES)}); "
-                            "run the ctsvqa_fetch stage")
+    return shared_data("ct-spatialvqa", root=root)
 
 def _judge_rank(judge: str) -> tuple:
     return (JUDGE_ORDER.index(judge), "") if judge in JUDGE_ORDER else (len(JUDGE_ORDER), judge)

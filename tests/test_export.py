@@ -38,7 +38,7 @@ def out(kept, tmp_path_factory, request):
 
 
 def _load(*args, **kw):
-    datasets = pytest.importorskip("datasets")
+    import datasets
     datasets.disable_progress_bars()
     return datasets.load_dataset(*args, **kw)
 
