@@ -8,6 +8,8 @@ Docs: https://spatialvqa.github.io/spatialvqa/export.html.md"""
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
 import os
 from collections import Counter
@@ -17,12 +19,14 @@ from pathlib import Path
 import pandas as pd
 
 from .core import atomic_write, dumps, get_logger, read_jsonl, write_jsonl, write_parquet
-from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, format_prompt, markdown_table
+from . import parse, prompt, stats
+from .prompt import build_prompt
+from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, markdown_table
 
 # %% auto #0
 __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'FIELD_NOTES', 'LMMS_UTILS', 'export_frame',
            'export_jsonl_parquet', 'dataset_card', 'write_dataset_card', 'vlmevalkit_frames', 'export_vlmevalkit',
-           'lmms_yaml', 'export_lmms_eval', 'export_all', 'add_cli']
+           'module_statements', 'lmms_utils_source', 'lmms_yaml', 'export_lmms_eval', 'export_all', 'add_cli']
 
 # %% ../nbs/46_export.ipynb #22470be8
 NAME = "spatialvqa_trackA"
@@ -36,7 +40,7 @@ def export_frame(records: Sequence[dict], image_paths: Mapping[str, Sequence[str
     rows = []
     for r in records:
         row = {k: (dumps(r.get(k)) if k in JSON_FIELDS else r.get(k)) for k in RECORD_FIELDS}
-        row["prompt"] = format_prompt(r)
+        row["prompt"] = build_prompt(r)
         if any("blind" in x for x in records):
             row["blind"], row["blind_vote"] = dumps(r.get("blind")), dumps(r.get("blind_vote"))
             row["blind_right"] = r.get("blind_right")
@@ -54,7 +58,7 @@ def export_jsonl_parquet(records: Sequence[dict], out: str | os.PathLike, name: 
             "parquet": write_parquet(export_frame(records, image_paths), out / f"{name}.parquet")}
 
 # %% ../nbs/46_export.ipynb #2c1fa781
-FIELD_NOTES = {"prompt": "the question with lettered options (or the number format asked for), as the compendium asks it",
+FIELD_NOTES = {"prompt": "the question with lettered options and the answer format, exactly as the compendium asks it (spatialvqa.prompt.build_prompt)",
                "blind": "JSON: what each blind answerer (no image) predicted when the benchmark was validated",
                "blind_vote": "JSON: the probability each blind answerer gave the correct answer (kept: their mean is below 0.5)",
                "blind_right": "how many blind answerers were right",
@@ -107,8 +111,10 @@ def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | N
              f"`python -m lmms_eval --include_path <this folder>/lmms_eval --tasks {LMMS_TASK} ...`"
              + (f", run where the task's `data_files` path `{lmms_data_file}` resolves." if lmms_data_file else "."), "",
              "## Scoring", "",
-             "Multiple choice: accuracy of the option letter (chance 0.25; letters are balanced per task). Numeric: "
-             "Mean Relative Accuracy, the share of thresholds θ ∈ {0.50, 0.55, …, 0.95} with |pred − truth| / truth < 1 − θ.",
+             "Replies are read by `spatialvqa.parse` (a copy of its source is the lmms-eval task's `utils.py`); an answer "
+             "that cannot be read scores 0. Multiple choice: accuracy of the option letter (chance 0.25; letters are balanced "
+             "per task). Numeric: Mean Relative Accuracy as VSI-Bench defines it and Table 2 computes it (`spatialvqa.stats.mra`), "
+             "the share of thresholds θ ∈ {0.50, 0.55, …, 0.95} with |pred − truth| / truth ≤ 1 − θ.",
              "", "## Images", "",
              "Not embedded: `images` holds the path of each CT volume (NIfTI/NRRD) a question is about, relative to the "
              "compendium's root; `label_maps` the masks the answers come from.", "",
@@ -138,7 +144,7 @@ def vlmevalkit_frames(records: Sequence[dict], image_paths: Mapping[str, Sequenc
             mc.append({"index": len(mc), "question": r["question"], **dict(zip(LETTERS, r["options"])),
                        "answer": r["answer_letter"], **base})
         else:
-            num.append({"index": len(num), "question": format_prompt(r).replace("\n", " "), "answer": fmt_number(r["answer_value"], r["unit"]).split()[0],
+            num.append({"index": len(num), "question": build_prompt(r).replace("\n", " "), "answer": fmt_number(r["answer_value"], r["unit"]).split()[0],
                         "answer_value": r["answer_value"], "unit": r["unit"], **base})
     mcols = ["index", "question", *LETTERS, "answer", "category", "l2-category", "image_path", "qid"]
     ncols = ["index", "question", "answer", "category", "l2-category", "image_path", "qid", "answer_value", "unit"]
@@ -155,19 +161,31 @@ def export_vlmevalkit(records: Sequence[dict], out: str | os.PathLike, name: str
     return paths
 
 # %% ../nbs/46_export.ipynb #cf8a47a7
-LMMS_UTILS = r'''"""lmms-eval task functions for the SpatialVQA Track A benchmark (written by spatialvqa.export; standalone)."""
-import math
+_LMMS_HEAD = '''"""lmms-eval task functions for the SpatialVQA Track A benchmark, written by spatialvqa.export (re-export, do not edit).
+
+The prompt, the parser and Mean Relative Accuracy are spatialvqa's own: spatialvqa.prompt, spatialvqa.parse and
+spatialvqa.stats.mra are copied below from the package's source, so replies are asked and scored exactly as the
+compendium's Table 2 does, without spatialvqa installed. Loaded the way lmms-eval loads it (from its file, not
+registered in sys.modules), so annotations are evaluated at once (Python >= 3.10)."""
+import dataclasses
 import os
 import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 
-LETTERS = "ABCD"
-TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
-UNITS = {"mL": "millilitres (mL)", "mm": "millimetres (mm)", "ratio": "a plain number (a ratio)"}
+import numpy as np
 
+LETTERS = {letters!r}
+TASKS = {tasks!r}
+'''
 
-def _options(doc):
-    opts = doc.get("options")
-    return [] if opts is None else list(opts)
+_LMMS_TASK_FUNCTIONS = '''
+def _record(doc):
+    "A parquet row as the record the prompt builder and the parser read (options as a list)."
+    r = dict(doc)
+    r["options"] = [] if r.get("options") is None else list(r["options"])
+    return r
 
 
 def doc_to_visual(doc):
@@ -181,75 +199,30 @@ def doc_to_visual(doc):
 
 
 def doc_to_text(doc, lmms_eval_specific_kwargs=None):
-    """The question with lettered options and the answer format, as spatialvqa.questions.format_prompt writes it."""
+    """The prompt of spatialvqa.prompt.build_prompt (style `prompt_style`, default "default"), between pre_prompt and post_prompt."""
     kw = lmms_eval_specific_kwargs or {}
-    if doc["format"] == "mc":
-        opts = "\n".join(f"{l}. {o}" for l, o in zip(LETTERS, _options(doc)))
-        text = f"{doc['question']}\n{opts}\nAnswer with the letter of the correct option."
-    else:
-        text = f"{doc['question']}\nAnswer with a single number in {UNITS.get(doc.get('unit'), 'a number')}."
-    return f"{kw.get('pre_prompt', '')}{text}{kw.get('post_prompt', '')}"
+    return f"{kw.get('pre_prompt', '')}{build_prompt(_record(doc), kw.get('prompt_style', 'default'))}{kw.get('post_prompt', '')}"
 
 
 def doc_to_target(doc):
     return doc["answer_letter"] if doc["format"] == "mc" else str(doc["answer_value"])
 
 
-_EXPLICIT = re.compile(r"(?:answer|option|choice)\s*(?:is|:)?\s*[\(\[]?\s*([A-D])\b(?![\w'])", re.I)
-
-
-def parse_letter(text, options=()):
-    """The option letter of a reply: 'Answer: B', '(B)', 'B. ...', the only standalone letter, or an option's text."""
-    if not text:
-        return None
-    m = _EXPLICIT.search(text)
-    if m:
-        return m.group(1).upper()
-    m = re.match(r"\s*[\(\[\*]*\s*([A-D])\s*(?:[\)\]\.:\*]|$)", text)
-    if m:
-        return m.group(1)
-    alone = set(re.findall(r"(?<![\w'])([A-D])(?![\w'])", text))
-    if len(alone) == 1:
-        return alone.pop()
-    t = " ".join(text.lower().split()).strip(" .")
-    hits = [LETTERS[i] for i, o in enumerate(options) if o and " ".join(str(o).lower().split()) in t]
-    return hits[0] if len(hits) == 1 else None
-
-
-def parse_number(text, unit=None):
-    """The first number of a reply; litres become millilitres when the unit asked for is mL."""
-    if not text:
-        return None
-    m = re.search(r"(-?\d[\d,]*(?:\.\d+)?|-?\.\d+)\s*(ml|millilit\w*|l\b|lit\w*)?", text, re.I)
-    if not m:
-        return None
-    try:
-        v = float(m.group(1).replace(",", ""))
-    except ValueError:
-        return None
-    u = (m.group(2) or "").lower()
-    if unit == "mL" and u and not u.startswith(("ml", "milli")):
-        v *= 1000
-    return v
-
-
-def mra(pred, truth):
-    """Mean Relative Accuracy: the share of thresholds 0.50, 0.55, ..., 0.95 with |pred - truth| / |truth| < 1 - threshold."""
-    if pred is None or truth in (None, 0) or not math.isfinite(pred):
+def score_reply(doc, reply):
+    """The compendium's strict score of one reply: 1/0 for the parsed option letter, MRA for a parsed number, 0 when unread."""
+    p = parse_answer(_record(doc), reply)
+    if not p.ok:
         return 0.0
-    rel = abs(pred - truth) / abs(truth)
-    return sum(rel < 1 - (0.50 + 0.05 * i) for i in range(10)) / 10
+    if doc["format"] == "mc":
+        return float(p.value == doc["answer_letter"])
+    return float(mra(p.value, float(doc["answer_value"])))
 
 
 def process_results(doc, results):
-    """Score one generation: letter accuracy (multiple choice) or MRA (numeric); None for metrics that do not apply."""
-    reply = results[0] if results else ""
-    if doc["format"] == "mc":
-        s = float(parse_letter(reply, _options(doc)) == doc["answer_letter"])
-    else:
-        s = mra(parse_number(reply, doc.get("unit")), float(doc["answer_value"]))
-    out = {"score": s, "mc_accuracy": s if doc["format"] == "mc" else None,
-           "numeric_mra": s if doc["format"] != "mc" else None}
+    """Score one generation; None for the metrics that do not apply to this question."""
+    s = score_reply(doc, results[0] if results else "")
+    mc = doc["format"] == "mc"
+    out = {"score": s, "mc_accuracy": s if mc else None, "numeric_mra": None if mc else s}
     for t in TASKS:
         out[f"{t}_score"] = s if doc["task"] == t else None
     return out
@@ -260,6 +233,38 @@ def aggregate_mean(values):
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else float("nan")
 '''
+
+def _defined(node) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): return {node.name}
+    if isinstance(node, ast.Assign): return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name): return {node.target.id}
+    return set()
+
+def module_statements(module, names: Sequence[str] | None = None) -> str:
+    """The top-level statements of `module`'s source as written (decorators included), without its docstring, imports and
+    `__all__`; only the definitions of `names` when given."""
+    src = inspect.getsource(module)
+    lines = src.splitlines()
+    out = []
+    for node in ast.parse(src).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)): continue
+        if isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant): continue
+        d = _defined(node)
+        if "__all__" in d or (names is not None and not d & set(names)): continue
+        start = min([node.lineno, *[x.lineno for x in getattr(node, "decorator_list", [])]])
+        out.append("\n".join(lines[start - 1:node.end_lineno]))
+    return "\n\n".join(out) + "\n"
+
+def lmms_utils_source() -> str:
+    "The lmms-eval task's `utils.py`: the source of `spatialvqa.prompt`, `spatialvqa.parse` and `stats.mra`, and the task functions."
+    parts = [_LMMS_HEAD.format(letters=LETTERS, tasks=tuple(TASKS)),
+             "# ---- spatialvqa.stats: Mean Relative Accuracy\n" + module_statements(stats, ["MRA_THRESHOLDS", "mra"]),
+             "# ---- spatialvqa.prompt\n" + module_statements(prompt),
+             "# ---- spatialvqa.parse\n" + module_statements(parse),
+             "# ---- the lmms-eval task" + _LMMS_TASK_FUNCTIONS]
+    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
+
+LMMS_UTILS = lmms_utils_source()
 
 def lmms_yaml(data_file: str, task: str = LMMS_TASK, max_new_tokens: int = 32) -> str:
     "The lmms-eval task YAML for the parquet at `data_file`."

@@ -24,23 +24,24 @@ from typing import Any, Protocol, runtime_checkable
 
 
 from .core import append_jsonl, get_logger, progress, read_jsonl, stable_hash, thread_map, write_jsonl
+from .prompt import build_prompt
 from .questions import LETTERS, with_rotations
 
 log = get_logger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'PROMPT_STYLES', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput',
-           'Adapter', 'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
-           'build_prompt', 'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url',
-           'OpenAIAdapter', 'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key',
-           'partial_path', 'compact', 'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'infer', 'add_cli']
+__all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput', 'Adapter',
+           'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
+           'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
+           'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
+           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'infer', 'add_cli']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
 class ModelInput:
     "What an adapter receives per benchmark record."
     record: dict                                   # the benchmark record (qid, task, question, options, format, unit, ...)
-    prompt: str                                    # `build_prompt(record, style)`: question, lettered options, answer format
+    prompt: str                                    # `prompt.build_prompt(record, style)`: question, lettered options, answer format
     images: list[str] = dataclasses.field(default_factory=list)   # 2D images (PNG) in display order; empty for blind models
     volume: str | None = None                      # an .npy/.npz 3D array for `volume:<preset>` representations
     meta: dict = dataclasses.field(default_factory=dict)          # representation, window, view names, ...
@@ -109,31 +110,6 @@ def hashed_config(adapter: Adapter) -> dict:
     skip = set(getattr(adapter, "runtime", ()))
     return {"kind": getattr(adapter, "kind", type(adapter).__name__),
             "config": {k: v for k, v in sorted(dict(adapter.config).items()) if k not in skip}}
-
-# %% ../nbs/41_models.ipynb #5da3d3f6
-def _answer_format(record: dict) -> str:
-    fmt = record.get("format")
-    if fmt == "mc": return "Answer with the option letter only."
-    if fmt != "numeric": return "Answer in one short sentence."              # free-text questions (Track B)
-    unit = record.get("unit")
-    if unit in ("mL", "mm"): return f"Answer with a number in {unit}."
-    return "Answer with a number only" + (" (a plain ratio, no unit)." if unit == "ratio" else ".")
-
-def _body(record: dict) -> str:
-    if record.get("format") == "mc":
-        opts = "\n".join(f"{l}. {o}" for l, o in zip(LETTERS, record["options"]))
-        return f"{record['question']}\n{opts}"
-    return str(record["question"])
-
-PROMPT_STYLES: dict[str, Callable[[dict], str]] = {
-    "default": lambda r: f"{_body(r)}\n{_answer_format(r)}",
-    "radiologist": lambda r: f"You are an expert radiologist looking at a CT scan.\n{_body(r)}\n{_answer_format(r)}",
-}
-
-def build_prompt(record: dict, style: str = "default") -> str:
-    "The text prompt of `record`: question, lettered options (multiple choice) and the answer-format instruction."
-    if style not in PROMPT_STYLES: raise KeyError(f"unknown prompt style {style!r}; have {', '.join(PROMPT_STYLES)}")
-    return PROMPT_STYLES[style](record)
 
 # %% ../nbs/41_models.ipynb #a3cd00b5
 RANDOM_RANGES = {"mL": (1.0, 3000.0), "mm": (5.0, 400.0), "ratio": (0.05, 20.0), None: (0.1, 1000.0)}

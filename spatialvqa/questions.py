@@ -28,8 +28,8 @@ __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'R
            'direction_margin', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
            'host_of', 'phrase', 'structure_from_row', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
            'contexts_from_tables', 'generate_questions', 'structures_of', 'rederive', 'check_record', 'base_qid',
-           'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'format_prompt', 'letter_balance',
-           'composition_long', 'composition', 'markdown_table']
+           'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance', 'composition_long',
+           'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
@@ -1265,14 +1265,6 @@ def to_frame(records: Sequence[dict]) -> pd.DataFrame:
     "The records as a table for parquet: nested fields (`spec`, `measurements`, `hosts`) as JSON text."
     rows = [{k: (dumps(r.get(k)) if k in ("spec", "measurements", "hosts") else r.get(k)) for k in RECORD_FIELDS} for r in records]
     return pd.DataFrame(rows, columns=list(RECORD_FIELDS))
-
-def format_prompt(record: dict) -> str:
-    "The question as a model sees it: the options lettered A-D, or a request for a number in the record's unit."
-    if record["format"] == "mc":
-        opts = "\n".join(f"{l}. {o}" for l, o in zip(LETTERS, record["options"]))
-        return f"{record['question']}\n{opts}\nAnswer with the letter of the correct option."
-    unit = {"mL": "millilitres (mL)", "mm": "millimetres (mm)", "ratio": "a plain number (a ratio)"}.get(record["unit"], "a number")
-    return f"{record['question']}\nAnswer with a single number in {unit}."
 
 def letter_balance(records: Sequence[dict]) -> pd.DataFrame:
     "Share of each correct letter per multiple-choice task (rows: tasks, columns: A-D), with the count."

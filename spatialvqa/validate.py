@@ -23,17 +23,19 @@ from .anatomy import reference_range
 from .core import atomic_write, dumps, get_logger, stable_hash
 from .stats import cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .measure import Structure
-from .questions import (LETTERS, MIN_VOXELS, TASKS, evaluate, format_prompt, geometry_from_affine,
+from .prompt import build_prompt
+from .parse import parse_answer
+from .questions import (LETTERS, MIN_VOXELS, TASKS, evaluate, geometry_from_affine,
                                   markdown_table, structure_from_row, to_frame)
 
 # %% auto #0
 __all__ = ['REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
            'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
            'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
-           'AtlasAnswerer', 'parse_letter', 'parse_number', 'blind_prompt', 'LLMAnswerer', 'make_answerers',
-           'cross_fit', 'vote', 'trivial', 'Validation', 'filter_report', 'blind_accuracy', 'blind_audit', 'validate',
-           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
-           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
+           'AtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote',
+           'trivial', 'Validation', 'filter_report', 'blind_accuracy', 'blind_audit', 'validate', 'review_sheet',
+           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
+           'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 def structure_problems(structures: pd.DataFrame, scans: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS,
@@ -399,34 +401,15 @@ class AtlasAnswerer:
 BLIND_SYSTEM = ("You are a radiologist answering questions about a CT scan that you cannot see. "
                 "Give your best answer from anatomical knowledge alone, in the requested format, without explanation.")
 
-_EXPLICIT = re.compile(r"(?:answer|option|choice)\s*(?:is|:)?\s*[\(\[]?\s*([A-D])\b(?![\w'])", re.I)
-
-def parse_letter(text: str | None, n: int = 4) -> str | None:
-    "The option letter in a reply: 'Answer: B', '(B)', 'B. ...', or the only letter A-D that stands alone; else None."
-    if not text: return None
-    valid = LETTERS[:n]
-    m = _EXPLICIT.search(text)
-    if m and m.group(1).upper() in valid: return m.group(1).upper()
-    m = re.match(r"\s*[\(\[\*]*\s*([A-D])\s*(?:[\)\]\.:\*]|$)", text)
-    if m and m.group(1) in valid: return m.group(1)
-    alone = set(re.findall(r"(?<![\w'])([A-D])(?![\w'])", text)) & set(valid)
-    return alone.pop() if len(alone) == 1 else None
-
-def parse_number(text: str | None, unit: str | None = None) -> float | None:
-    "The first number in a reply (thousands separators allowed); litres become mL when `unit` is 'mL'."
-    if not text: return None
-    m = re.search(r"(-?\d[\d,]*(?:\.\d+)?|-?\.\d+)\s*(ml|millilit\w*|l\b|lit\w*)?", text, re.I)
-    if not m: return None
-    try: v = float(m.group(1).replace(",", ""))
-    except ValueError: return None
-    u = (m.group(2) or "").lower()
-    if unit == "mL" and u and not u.startswith(("ml", "milli")): v *= 1000
-    return v
-
 # %% ../nbs/24_validate.ipynb #be3a0635
 def blind_prompt(r: dict) -> str:
-    "The question as a blind answerer sees it: `spatialvqa.questions.format_prompt`, without any image."
-    return format_prompt(r)
+    "The question as a blind answerer sees it: `prompt.build_prompt`, exactly as a model is asked, without any image."
+    return build_prompt(r)
+
+def blind_answer(r: dict, reply: str | None):
+    "The letter or number `spatialvqa.parse` reads in an LLM's `reply` to `r` (as every model's answer is read); None when unread."
+    p = parse_answer(r, reply)
+    return p.value if p.ok else None
 
 class LLMAnswerer:
     "An LLM answering without the image. `config`: a `spatialvqa.llm.make_llm` config, or an object with `generate`."
@@ -447,8 +430,7 @@ class LLMAnswerer:
     def predict(self, records: Sequence[dict]) -> list:
         outs = self.llm.generate([blind_prompt(r) for r in records], max_tokens=self.max_tokens, temperature=0.0,
                                  system=BLIND_SYSTEM)
-        return [parse_letter(o, len(r["options"])) if r["format"] == "mc" else parse_number(o, r.get("unit"))
-                for r, o in zip(records, outs)]
+        return [blind_answer(r, o) for r, o in zip(records, outs)]
 
 # %% ../nbs/24_validate.ipynb #95a8051e
 RULES = {"any": lambda k, n: k >= 1, "at_least_half": lambda k, n: 2 * k >= n,

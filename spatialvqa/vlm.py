@@ -19,7 +19,8 @@ import numpy as np
 
 from .core import get_logger, stable_hash
 from .questions import LETTERS
-from .models import BaseAdapter, ModelInput, PredictionError, build_prompt, register
+from .models import BaseAdapter, ModelInput, PredictionError, register
+from .prompt import build_prompt
 from .views import preset
 
 # %% auto #0

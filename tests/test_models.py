@@ -61,10 +61,11 @@ def test_random_is_seeded_uniform_and_plausible():
 
 
 def _correct(r, raw) -> bool:
-    from spatialvqa.validate import parse_letter, parse_number
-    if r["format"] == "mc": return parse_letter(raw) == r["answer_letter"]
-    v = parse_number(raw, r["unit"])
-    return v is not None and abs(v - r["answer_value"]) <= r["tolerance"]
+    from spatialvqa.parse import parse_answer
+    p = parse_answer(r, raw)
+    if not p.ok: return False
+    if r["format"] == "mc": return p.value == r["answer_letter"]
+    return abs(p.value - r["answer_value"]) <= r["tolerance"]
 
 
 def test_oracle_scores_100_percent(bench):

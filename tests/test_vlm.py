@@ -11,7 +11,8 @@ import pytest
 import transformers
 
 from spatialvqa import vlm
-from spatialvqa.models import ADAPTERS, ModelInput, build_prompt, hashed_config, make_adapter
+from spatialvqa.models import ADAPTERS, ModelInput, hashed_config, make_adapter
+from spatialvqa.prompt import build_prompt
 from spatialvqa.phantom import make_subject
 from spatialvqa.scan import write_volume
 from spatialvqa.views import preset
