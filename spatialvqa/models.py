@@ -34,7 +34,7 @@ __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICT
            'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
            'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
-           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'infer', 'add_cli']
+           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -524,6 +524,13 @@ def model_entry(name: str, entry: Mapping | None) -> dict:
     return {"adapter": e.get("adapter") or name, "config": dict(e.get("config") or {}), "representation": e.get("representation", "none"),
             "prompt_style": e.get("prompt_style", "default"), "batch_size": int(e.get("batch_size", 8)),
             "max_retries": int(e.get("max_retries", 2)), "index": e.get("index"), "circular": _flag(e.get("circular", False))}
+
+def scored_models(models: Mapping | None) -> list[str]:
+    """The models the `score` stage scores, in table order: every `infer.models` entry (checked with `model_entry`), in
+    the order params.yaml lists them. Adding a model under `infer.models` is all it takes to get its row."""
+    models = dict(models or {})
+    for name, entry in models.items(): model_entry(name, entry)
+    return list(models)
 
 def _flag(v) -> bool:
     if isinstance(v, str): return v.strip().lower() in ("1", "true", "yes", "on")
