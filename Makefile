@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro test check nbtest pytest pytest-slow bench
+.PHONY: setup repro test check nbtest pytest pytest-slow bench readme
 
 setup: $(VENV)/.setup-done
 
@@ -51,3 +51,7 @@ pytest-slow:
 bench: setup
 	python benchmarks/bench_measure.py
 	python benchmarks/bench_measure_process.py
+
+# README.md is written from nbs/index.ipynb (tests/test_readme.py checks that it is up to date)
+readme:
+	$(PY) scripts/readme.py

@@ -1,4 +1,4 @@
-"""Paths, parameters, atomic record files, logging, progress and the per-scan executor that every stage shares.
+"""Paths, parameters, atomic record files, logging, progress, the per-scan executor and the threaded map, and the plotting helpers (palette, saving a figure with its data, bars with intervals, length distributions) that every stage shares.
 
 Docs: https://spatialvqa.github.io/spatialvqa/core.html.md"""
 
@@ -15,18 +15,23 @@ import logging
 import os
 import sys
 import tempfile
+import textwrap
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import yaml
 
 # %% auto #0
-__all__ = ['OKABE_ITO', 'project_root', 'load_params', 'flag', 'get_logger', 'progress', 'atomic_write', 'dumps', 'write_json',
-           'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl', 'write_parquet', 'sha256_file', 'Outcome',
-           'parallel_map', 'stable_hash', 'hex_to_rgb']
+__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'get_logger',
+           'progress', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl',
+           'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb',
+           'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram',
+           'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -44,6 +49,27 @@ def load_params(section: str | None = None, path: str | os.PathLike | None = Non
     if section is None: return params
     if section not in params: raise KeyError(f"{path}: no section {section!r} (have: {', '.join(params)})")
     return params[section]
+
+# %% ../nbs/00_core.ipynb #ce55cf81
+SHARED = "../shared"                     # relative to the repository root
+
+def _repo_root(start: str | os.PathLike | None = None) -> Path:
+    try: return project_root(start)
+    except FileNotFoundError:
+        if start is not None: raise
+        return project_root(Path(__file__).resolve().parent)    # an editable install: the package sits in the repository
+
+def shared_data(*parts: str, root: str | os.PathLike | None = None) -> Path:
+    """`<repository root>/../shared/data/<parts>`, the local mirror of the pinned external data. Raises FileNotFoundError
+    naming the expected path when `../shared`, or the file or folder asked for, is not there."""
+    repo = _repo_root(root)
+    shared = (repo / SHARED).resolve()
+    if not shared.is_dir():
+        raise FileNotFoundError(f"the shared data folder {shared} is missing: every checkout needs ../shared beside the "
+                                f"repository root {repo} (see README, External data)")
+    p = shared.joinpath("data", *parts)
+    if not p.exists(): raise FileNotFoundError(f"{p} is missing from the shared data folder {shared}")
+    return p
 
 # %% ../nbs/00_core.ipynb #b2071a9e
 def flag(value) -> bool:
@@ -206,6 +232,13 @@ def parallel_map(fn: Callable, items: Sequence, workers: int | None = None, sche
                 out[i] = Outcome(items[i], False, error=f"worker failed: {type(e).__name__}: {e}")
     return out
 
+# %% ../nbs/00_core.ipynb #914a0f86
+def thread_map(fn: Callable, items: Sequence, workers: int = 1) -> list:
+    "`fn` over `items` in order, on up to `workers` threads (1: in this thread)."
+    items = list(items)
+    if workers <= 1 or len(items) <= 1: return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(workers, len(items))) as ex: return list(ex.map(fn, items))
+
 # %% ../nbs/00_core.ipynb #03dfc1ec
 def stable_hash(obj, n: int = 12) -> str:
     "A short, stable hex digest of any JSON-serialisable object (keys sorted), for ids and cache keys."
@@ -218,3 +251,116 @@ OKABE_ITO: dict[str, str] = {"orange": "#E69F00", "sky blue": "#56B4E9", "bluish
 def hex_to_rgb(colour: str) -> tuple[int, int, int]:
     "`'#RRGGBB'` as an `(r, g, b)` tuple of 0-255 integers."
     return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+
+# %% ../nbs/00_core.ipynb #b230144c
+SERIES = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
+GREY = "#8C8C8C"
+
+def series_colours(names: Sequence[str]) -> dict[str, str]:
+    "One Okabe–Ito colour per name, in `SERIES` order (cycling after eight)."
+    return {n: SERIES[i % len(SERIES)] for i, n in enumerate(dict.fromkeys(names))}
+
+def save_figure(fig, path: str | os.PathLike, data: pd.DataFrame | None = None, dpi: int = 150) -> list[Path]:
+    "Write `fig` as PNG at `path` and `data` (the values drawn) as CSV beside it (same name, `.csv`), atomically."
+    path = Path(path)
+    with atomic_write(path, "wb") as f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+    out = [path]
+    if data is not None:
+        with atomic_write(path.with_suffix(".csv")) as f: data.to_csv(f, index=False)
+        out.append(path.with_suffix(".csv"))
+    return out
+
+def wrap_label(label, width: int) -> str:
+    "`label` broken into lines of at most `width` characters."
+    return "\n".join(textwrap.wrap(str(label), width)) or str(label)
+
+def clean_axes(ax):
+    "Top and right spines off, tick labels at 10 pt."
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.tick_params(labelsize=10)
+
+# %% ../nbs/00_core.ipynb #f1126b77
+def plot_grouped_ci(df: pd.DataFrame, category: str, group: str, value: str = "estimate", low: str = "ci_low",
+                    high: str = "ci_high", horizontal: bool = False, colours: Mapping[str, str] | None = None,
+                    label: str = "", title: str = "", fmt: str = "{:.1%}", wrap: int = 24, ax=None, legend_title: str | None = None):
+    """Grouped bars of `value` with `low`–`high` error bars: `category` values along one axis (in order of first
+    appearance), one bar per `group` value; `horizontal` puts categories on the y axis (for long names)."""
+    import matplotlib.pyplot as plt
+    cats, groups = list(dict.fromkeys(df[category])), list(dict.fromkeys(df[group]))
+    colours = dict(colours or series_colours(groups))
+    if ax is None:
+        size = (8, 0.27 * len(cats) * (len(groups) + 0.6) + 1.3) if horizontal else (max(5.5, 1.0 * len(cats) * len(groups) + 2), 4.6)
+        fig, ax = plt.subplots(figsize=size)
+    else: fig = ax.figure
+    width = 0.8 / len(groups)
+    top = float(np.nanmax(df[high].to_numpy(float))) if len(df) else 1.0
+    for j, g in enumerate(groups):
+        sub = df[df[group] == g].set_index(category).reindex(cats)
+        pos = np.arange(len(cats)) + (j - (len(groups) - 1) / 2) * width
+        v, lo, hi = (sub[c].to_numpy(float) for c in (value, low, high))
+        err = np.vstack([v - lo, hi - v])
+        bar = ax.barh if horizontal else ax.bar
+        bar(pos, v, width * 0.92, color=colours[g], label=str(g), edgecolor="white", linewidth=0.5,
+            **({"xerr": err} if horizontal else {"yerr": err}), error_kw=dict(ecolor="#333333", elinewidth=1, capsize=2.5))
+        for p, val, h in zip(pos, v, hi):
+            if np.isnan(val): continue
+            if horizontal: ax.text(h + top * 0.01, p, fmt.format(val), va="center", ha="left", fontsize=8.5)
+            else: ax.text(p, h + top * 0.015, fmt.format(val), ha="center", va="bottom", fontsize=8.5)
+    ticks, names = np.arange(len(cats)), [wrap_label(c, wrap) for c in cats]
+    if horizontal:
+        ax.set_yticks(ticks, names); ax.invert_yaxis(); ax.set_xlabel(label, fontsize=11); ax.set_xlim(0, top * 1.18)
+    else:
+        ax.set_xticks(ticks, names); ax.set_ylabel(label, fontsize=11); ax.set_ylim(0, top * 1.15)
+    if fmt.endswith("%}"):
+        from matplotlib.ticker import PercentFormatter
+        (ax.xaxis if horizontal else ax.yaxis).set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.legend(title=legend_title, frameon=False, fontsize=9.5, title_fontsize=9.5,
+              **(dict(loc="upper left", bbox_to_anchor=(1.0, 1.0)) if horizontal else dict(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=len(groups))))
+    if title: ax.set_title(title, fontsize=12)
+    clean_axes(ax)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/00_core.ipynb #229a2f06
+def length_histogram(lengths: Mapping[str, Sequence[int]], max_words: int = 30) -> pd.DataFrame:
+    "Long table `name`, `words` (0..max_words; the last bin is max_words or more), `count`, `share`."
+    rows = []
+    for name, w in lengths.items():
+        w = np.minimum(np.asarray(w, dtype=int), max_words)
+        c = np.bincount(w, minlength=max_words + 1)
+        rows += [dict(name=name, words=k, count=int(n), share=n / max(len(w), 1)) for k, n in enumerate(c)]
+    return pd.DataFrame(rows)
+
+def plot_length_distributions(lengths: Mapping[str, Sequence[int]], reference: str = "reference", max_words: int = 30,
+                              colours: Mapping[str, str] | None = None, title: str = "Answer length"):
+    "(figure, data): a panel per system other than `reference`, bars of its word-count shares over the reference's outline."
+    import matplotlib.pyplot as plt
+    data = length_histogram(lengths, max_words)
+    names = [n for n in lengths if n != reference]
+    colours = dict(colours or series_colours(names))
+    ncol = min(3, len(names)) or 1
+    nrow = -(-len(names) // ncol) or 1
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.3 * nrow + 0.6), sharex=True, sharey=True, squeeze=False)
+    ref = data[data["name"] == reference] if reference in lengths else None
+    for ax, n in zip(axes.flat, names):
+        d = data[data["name"] == n]
+        ax.bar(d["words"], d["share"], width=0.9, color=colours[n], label=n)
+        med = float(np.median(lengths[n])) if len(lengths[n]) else np.nan
+        txt = f"median {med:g} words"
+        if ref is not None:
+            ax.step(ref["words"], ref["share"], where="mid", color="black", lw=1.4, label=reference)
+            txt += f"\n{reference}: {float(np.median(lengths[reference])):g}"
+        ax.text(0.97, 0.95, txt, transform=ax.transAxes, ha="right", va="top", fontsize=9)
+        ax.set_title(n, fontsize=11)
+        ax.legend(frameon=False, fontsize=8.5, loc="center right")
+        clean_axes(ax)
+    for ax in axes.flat[len(names):]: ax.set_visible(False)
+    from matplotlib.ticker import PercentFormatter
+    for ax in axes[:, 0]: ax.set_ylabel("share of answers", fontsize=10); ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ticks = [t for t in range(0, max_words + 1, 5)]
+    for ax in axes[-1]:
+        ax.set_xticks(ticks, [f"{t}+" if t == max_words else str(t) for t in ticks])
+        ax.set_xlabel("words", fontsize=10)
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    return fig, data

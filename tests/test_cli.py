@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spatialvqa.core import shared_data
 from spatialvqa.scan import Volume, write_volume
 
 EXE = [str(Path(sys.executable).parent / "spatialvqa")]  # the installed console script
@@ -151,8 +152,7 @@ def test_batch_carries_on_past_bad_scans(tmp_path, lps_labels):
 
 def test_fetch_cli_from_mirror(tmp_path):
     "`spatialvqa fetch` copies verified files from a mirror; a tampered mirror is refused."
-    mirror = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if not (mirror / "real-ct/pyradiomics/lung1_label.nrrd").exists(): pytest.skip("no local mirror")
+    mirror = shared_data()
     # a partial mirror holding only the small files: the rest must then be downloaded, which we forbid
     part = tmp_path / "mirror/real-ct/pyradiomics"; part.mkdir(parents=True)
     for f in ("lung1_label.nrrd", "lung2_label.nrrd", "LICENSE.txt"): (part / f).write_bytes((mirror / "real-ct/pyradiomics" / f).read_bytes())

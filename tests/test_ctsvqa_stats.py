@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spatialvqa.metrics import (AnswerPrior, BLIND_SYSTEM, answer_facet, answer_polarity, answer_side, blind_baselines,
-                                bleu_corpus, bleu_from_stats, bleu_stats, bootstrap_ci, bootstrap_cis, bootstrap_means,
-                                category_accuracy, category_accuracy_ci, cross_fit, ctrate_patient, facet_correct,
-                                facet_table, group_folds, holm, length_stats, mcnemar, paired_bootstrap_diff,
-                                pairwise_tests, text_metric_items, text_metrics_ci, text_summary)
+from spatialvqa.ctsvqa import (AnswerPrior, BLIND_SYSTEM, answer_facet, answer_polarity, answer_side, blind_baselines,
+                               bleu_corpus, bleu_from_stats, bleu_stats, category_accuracy, category_accuracy_ci, ctrate_patient,
+                               facet_correct, facet_table, patient_of, text_metric_items, text_metrics_ci, text_summary)
+from spatialvqa.stats import (bootstrap_ci, bootstrap_cis, bootstrap_means, cross_fit, group_folds, holm, length_stats, mcnemar,
+                              paired_bootstrap_diff, pairwise_tests)
 
 
 # --- the cluster bootstrap --------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_mcnemar_worked_examples():
     cc = mcnemar(a, b)
     assert cc["method"] == "chi2, continuity corrected"
     assert cc["statistic"] == pytest.approx(16.8178, abs=1e-4) and cc["p_value"] == pytest.approx(4.11e-5, abs=1e-6)
-    stats = pytest.importorskip("scipy.stats")
+    import scipy.stats as stats
     assert cc["p_value"] == pytest.approx(stats.chi2.sf(63 ** 2 / 236, 1), rel=1e-9)
     for n10, n01 in ((0, 5), (3, 9), (12, 12)):
         r = mcnemar([1] * n10 + [0] * n01, [0] * n10 + [1] * n01)
@@ -169,13 +169,13 @@ def test_cross_fitting_never_trains_on_the_evaluated_volumes_or_patients():
         assert len(train) + len(test) == len(qs)
         calls.append(len(test))
         return [r["qid"] for r in test]
-    preds, folds = cross_fit(qs, spy, k=4, seed=1)
+    preds, folds = cross_fit(qs, spy, patient_of, k=4, seed=1)
     assert preds == [r["qid"] for r in qs] and sum(calls) == len(qs) and len(calls) == 4
     assert sorted(set(folds.values())) == [0, 1, 2, 3] and set(folds) == {f"valid_{p}" for p in range(12)}
     assert group_folds(list(folds), 4, 1) == folds                       # deterministic
     with pytest.raises(ValueError, match="cannot fill"): group_folds(["a", "b"], 3)
     # the prior learns only from other patients: a patient-specific answer is never predicted for its own patient
-    prior, _ = cross_fit(qs, lambda tr, te: AnswerPrior().fit(tr).predict(te), k=4)
+    prior, _ = cross_fit(qs, lambda tr, te: AnswerPrior().fit(tr).predict(te), patient_of, k=4)
     for r, p in zip(qs, prior):
         if r["question"].startswith("What is the size"): assert p != r["answer"]
 
@@ -228,7 +228,8 @@ def test_figures_write_png_and_csv(tmp_path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from spatialvqa.figures import plot_grouped_ci, plot_length_distributions, plot_metric_panels, plot_overlap, save_figure
+    from spatialvqa.core import plot_grouped_ci, plot_length_distributions, save_figure
+    from spatialvqa.ctsvqa_figures import plot_metric_panels, plot_overlap
     ci = pd.DataFrame(dict(model=["a", "a", "b", "b"], join=["published join", "key join"] * 2, estimate=[0.3, 0.31, 0.32, 0.32],
                            ci_low=[0.29, 0.3, 0.31, 0.31], ci_high=[0.31, 0.32, 0.33, 0.33]))
     rng = np.random.default_rng(0)

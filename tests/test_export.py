@@ -13,7 +13,8 @@ from spatialvqa.cli import parser as _cli_parser  # noqa: F401  (the CLI module 
 from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
-from spatialvqa.questions import LETTERS, format_prompt, generate_questions
+from spatialvqa.prompt import build_prompt
+from spatialvqa.questions import LETTERS, generate_questions
 from spatialvqa.validate import validate
 
 
@@ -38,7 +39,7 @@ def out(kept, tmp_path_factory, request):
 
 
 def _load(*args, **kw):
-    datasets = pytest.importorskip("datasets")
+    import datasets
     datasets.disable_progress_bars()
     return datasets.load_dataset(*args, **kw)
 
@@ -51,7 +52,7 @@ def test_jsonl_and_parquet(kept, out):
     assert {"prompt", "blind", "blind_vote", "blind_right"} <= set(df.columns)
     r0 = kept[0]
     assert json.loads(df.blind[0]) == r0["blind"] and json.loads(df.spec[0]) == r0["spec"]
-    assert df.prompt.tolist() == [format_prompt(r) for r in kept]
+    assert df.prompt.tolist() == [build_prompt(r) for r in kept]
     mc = df[df.format == "mc"]
     assert all(len(o) == 4 for o in mc.options)
 
@@ -74,6 +75,8 @@ def test_dataset_card(kept, out):
     assert "visual-question-answering" in front["task_categories"]
     assert f"{len(kept)} questions" in text and "Filtered from 99" in text
     for col in pd.read_parquet(p["parquet"]).columns: assert f"`{col}`" in text
+    # the card states the MRA the exported task and Table 2 compute: VSI-Bench's <= (an error of exactly 1 - θ passes)
+    assert "|pred − truth| / truth ≤ 1 − θ" in text and "< 1 − θ" not in text
 
 
 def test_vlmevalkit(kept, out):
@@ -142,8 +145,9 @@ def test_lmms_eval_task(kept, out, tmp_path, monkeypatch):
     res = []
     for doc in docs:
         r = by[doc["qid"]]
-        assert cfg["doc_to_text"](doc) == format_prompt(r)
-        assert cfg["doc_to_text"](doc, {"pre_prompt": "Q: ", "post_prompt": " A:"}) == f"Q: {format_prompt(r)} A:"
+        assert cfg["doc_to_text"](doc) == build_prompt(r)
+        assert cfg["doc_to_text"](doc, {"pre_prompt": "Q: ", "post_prompt": " A:"}) == f"Q: {build_prompt(r)} A:"
+        assert cfg["doc_to_text"](doc, {"prompt_style": "radiologist"}) == build_prompt(r, "radiologist")
         target = cfg["doc_to_target"](doc)
         right = cfg["process_results"](doc, [target])
         assert right["score"] == 1.0
@@ -165,15 +169,51 @@ def test_lmms_eval_task(kept, out, tmp_path, monkeypatch):
     assert cfg["doc_to_visual"](docs[0]) == []
 
 
-def test_utils_parsers(out):
+def test_utils_is_written_from_the_library(out):
+    "utils.py holds the library's own source of the prompt, the parser and MRA, not a second implementation."
+    import inspect
+    from spatialvqa import parse, prompt, stats
     d, p = out
+    text = p["lmms_utils"].read_text()
+    assert text == E.lmms_utils_source() == E.LMMS_UTILS
+    for f in (parse.parse_choice, parse.parse_number, parse.parse_answer, parse.match_option_text, prompt.build_prompt, stats.mra):
+        assert inspect.getsource(f) in text, f.__name__
     U = _utils(p["lmms_utils"])
-    opts = ["Liver", "Spleen", "Right kidney", "Stomach"]
-    assert [U.parse_letter(t, opts) for t in ["B", "Answer: c", "(D) Stomach", "the spleen", "A or B", ""]] == \
-        ["B", "C", "D", "B", None, None]
-    assert U.parse_number("about 1,500 mL", "mL") == 1500.0 and U.parse_number("1.5 L", "mL") == 1500.0
-    assert U.mra(1.0, 1.0) == 1.0 and U.mra(1.2, 1.0) == pytest.approx(0.6) and U.mra(None, 1.0) == 0.0
+    assert U.mra(110, 100) == stats.mra(110, 100) == 0.9          # VSI-Bench's <=, as Table 2
     assert U.aggregate_mean([1.0, None, 0.0]) == 0.5
+
+
+CORPUS = [json.loads(l) for l in (Path(__file__).parent / "data" / "parse_corpus.jsonl").read_text().splitlines() if l.strip()]
+
+
+def test_exported_task_reads_every_corpus_reply_as_the_project(out, tmp_path, monkeypatch):
+    """Loaded from a foreign working directory the way lmms-eval loads it, the exported utils.py parses all 303 replies of
+    the parse corpus exactly as spatialvqa.parse does, and process_results gives each the score spatialvqa.scoring gives."""
+    from spatialvqa import parse
+    from spatialvqa.scoring import outcome, score_predictions
+    d, p = out
+    monkeypatch.chdir(tmp_path)
+    U = _utils(p["lmms_utils"])
+    assert len(CORPUS) >= 300
+    for i, row in enumerate(CORPUS):
+        if row["kind"] == "choice":
+            ours, theirs = parse.parse_choice(row["text"], row["options"]), U.parse_choice(row["text"], row["options"])
+            truth = row["expected"] or "A"
+            doc = dict(qid=f"c{i}", format="mc", task="DIR", question="Which?", options=row["options"], answer_letter=truth,
+                       answer=truth, answer_value=None, unit=None, scan_id="s")
+        else:
+            ours, theirs = parse.parse_number(row["text"], row["unit"]), U.parse_number(row["text"], row["unit"])
+            truth = row["expected"] if row["expected"] else 100.0
+            doc = dict(qid=f"n{i}", format="numeric", task="VOLEST", question="How much?", options=None, answer_letter=None,
+                       answer=None, answer_value=truth, unit=row["unit"], scan_id="s", tolerance=None)
+        assert (theirs.value, theirs.status, theirs.span, theirs.note) == (ours.value, ours.status, ours.span, ours.note), (i, row["text"])
+        for reply, want in ((row["text"], truth), (row["text"], "B" if row["kind"] == "choice" else truth * 1.3)):
+            d2 = dict(doc, answer_letter=want, answer=want) if row["kind"] == "choice" else dict(doc, answer_value=want)
+            scored = score_predictions([d2], [dict(qid=d2["qid"], raw=reply, error=None)], "m")
+            project = float(outcome(scored, True, "correct" if row["kind"] == "choice" else "mra")[0])
+            got = U.process_results(d2, [reply])
+            assert got["score"] == project, (i, reply, want, got["score"], project)
+            assert got["mc_accuracy" if row["kind"] == "choice" else "numeric_mra"] == project
 
 
 def test_cli_export(kept, tmp_path):

@@ -61,10 +61,11 @@ def test_random_is_seeded_uniform_and_plausible():
 
 
 def _correct(r, raw) -> bool:
-    from spatialvqa.validate import parse_letter, parse_number
-    if r["format"] == "mc": return parse_letter(raw) == r["answer_letter"]
-    v = parse_number(raw, r["unit"])
-    return v is not None and abs(v - r["answer_value"]) <= r["tolerance"]
+    from spatialvqa.parse import parse_answer
+    p = parse_answer(r, raw)
+    if not p.ok: return False
+    if r["format"] == "mc": return p.value == r["answer_letter"]
+    return abs(p.value - r["answer_value"]) <= r["tolerance"]
 
 
 def test_oracle_scores_100_percent(bench):
@@ -159,10 +160,9 @@ def test_replay_ctsvqa_release_file_joined_by_key(tmp_path):
 
 def test_published_prediction_file_replays(tmp_path):
     from spatialvqa.reports import read_ctsvqa_questions
-    root = Path(__file__).resolve().parents[1] / "data" / "external" / "ct-spatialvqa"
-    if not root.exists(): root = Path(__file__).resolve().parents[2] / "shared" / "data" / "ct-spatialvqa"
+    from spatialvqa.core import shared_data
+    root = shared_data("ct-spatialvqa")
     f = root / "predictions" / "m3d_predictions_full.jsonl"
-    if not f.exists(): pytest.skip("CT-SpatialVQA release not available")
     qs = read_ctsvqa_questions(root / "qa" / "spatial_qa_filtered_full.json")[:50]
     a = M.make_adapter("replay", {"path": str(f)}); a.prepare(qs)
     raw = a.predict([M.ModelInput(q, "") for q in qs])

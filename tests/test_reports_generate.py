@@ -18,9 +18,13 @@ from spatialvqa.core import project_root, read_jsonl
 from spatialvqa.scan import read_volume
 
 ROOT = project_root(Path(__file__).parent)
-DATA = ROOT / "data/ctsvqa"
 CACHE = Path(__file__).parent / "data" / "ctsvqa_llm_cache.jsonl"
-needs_release = pytest.mark.skipif(not (DATA / "questions.jsonl").exists(), reason="run the ctsvqa_fetch stage first")
+
+
+@pytest.fixture(scope="module")
+def release() -> dict:
+    "The CT-SpatialVQA release: the fetched copy, else the shared mirror ../shared (an error names the expected path)."
+    return R.ctsvqa_release(R.find_ctsvqa_release(ROOT))
 
 
 # ---------------------------------------------------------------- CT-RATE readers and download
@@ -120,9 +124,8 @@ def test_phantom_reports_give_back_every_tumour_location(tmp_path):
     assert not any("liver" in q["answer"].lower() for q in qa)                  # "No focal lesion" asks nothing
 
 
-@needs_release
-def test_rule_generator_is_deterministic_grounded_and_spatial():
-    reps = read_jsonl(DATA / "reports.jsonl")[:300]
+def test_rule_generator_is_deterministic_grounded_and_spatial(release):
+    reps = R.read_ctsvqa_reports(release["reports"])[:300]
     a, b = R.generate_rule_qa(reps), R.generate_rule_qa(reps)
     assert a == b and len(a) > 1000
     assert len({r["qid"] for r in a}) == len(a) and all(r["qid"] == f"{r['volume']}::rule-{r['index']}" for r in a)
@@ -147,13 +150,12 @@ def test_negated_and_normal_sentences_ask_nothing():
 
 # ---------------------------------------------------------------- classifier and filter against the published labels
 
-@needs_release
-def test_classifier_and_filter_against_published_labels():
-    qs = read_jsonl(DATA / "questions.jsonl")
+def test_classifier_and_filter_against_published_labels(release):
+    qs = R.read_ctsvqa_questions(release["questions"], release["categories"], release["cases"])
     test = [q for q in qs if R.heldout(q["volume"])]
     s = R.multilabel_scores([q["categories"] for q in test], [R.classify_categories(q["question"], q["answer"]) for q in test]).set_index("label")
     assert s.loc["macro", "f1"] > 0.8 and s.loc["Laterality & Bilateral Symmetry", "f1"] > 0.95
-    rel = R.ctsvqa_release(DATA / "raw" / "ct-spatialvqa")
+    rel = release
     raw = R.published_filter_labels(R.read_ctsvqa_raw(rel["root"] / "qa/spatial_qa_output_full.json"), qs)
     assert (len(raw), sum(r["kept"] for r in raw)) == (14744, 9077)
     held = [r for r in raw if R.heldout(r["volume"])]

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from spatialvqa import results as R
-from spatialvqa.figures import save_figure
+from spatialvqa import figures as F
+from spatialvqa.core import save_figure
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +100,13 @@ def test_tables_and_metrics(run, tmp_path):
 def test_every_figure_writes_png_and_csv(run, values, tmp_path):
     recs, _, scored = run
     figs = {
-        "task_accuracy": R.plot_task_bars(values),
-        "organ_heatmap": R.plot_organ_heatmap(R.group_accuracy(scored, "organ", n_boot=50)),
-        "tumour_radar": R.plot_radar(R.group_accuracy(scored, "tumour_type", n_boot=50, fill="organs only")),
-        "volume_mra": R.plot_volume_mra(R.mra_by_volume(scored, recs, n_boot=50)),
-        "correctness_matrix": R.plot_correctness_matrix(scored),
-        "answer_lengths": R.plot_answer_lengths(scored),
-        "parse_failures": R.plot_parse_failures(R.parse_table(scored)),
+        "task_accuracy": F.plot_task_bars(values),
+        "organ_heatmap": F.plot_organ_heatmap(R.group_accuracy(scored, "organ", n_boot=50)),
+        "tumour_radar": F.plot_radar(R.group_accuracy(scored, "tumour_type", n_boot=50, fill="organs only")),
+        "volume_mra": F.plot_volume_mra(R.mra_by_volume(scored, recs, n_boot=50)),
+        "correctness_matrix": F.plot_correctness_matrix(scored),
+        "answer_lengths": F.plot_answer_lengths(scored),
+        "parse_failures": F.plot_parse_failures(R.parse_table(scored)),
     }
     for name, (fig, data) in figs.items():
         paths = save_figure(fig, tmp_path / f"{name}.png", data)
@@ -118,7 +119,7 @@ def test_every_figure_writes_png_and_csv(run, values, tmp_path):
 
 def _with_rotations(recs, preds, seed=1):
     "Toy answers to the rotated copies: the oracle reads each rotation's truth, random draws a letter per rotated qid."
-    from spatialvqa.scoring import rotations
+    from spatialvqa.questions import rotations
     rng, out = np.random.default_rng(seed), {m: list(p) for m, p in preds.items()}
     for r in rotations(recs):
         out["oracle"].append(dict(qid=r["qid"], model="oracle", raw=r["answer_letter"], error=None))
@@ -161,5 +162,5 @@ def test_failure_sheet_and_figures(run, tmp_path):
     pd.testing.assert_frame_equal(sheet, R.failure_sheets(scored, n=50, seed=0))
     write_failure_sheet(sheet.assign(error_type=[ERROR_TYPES[i % 4] for i in range(len(sheet))]), tmp_path / "s.csv")
     assert (read_failure_sheet(tmp_path / "s.csv")["error_type"] != "").all()
-    fig, data = R.plot_failures(R.failure_counts(scored))
+    fig, data = F.plot_failures(R.failure_counts(scored))
     assert set(save_figure(fig, tmp_path / "failure_types.png", data)) and (tmp_path / "failure_types.csv").exists()

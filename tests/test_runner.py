@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spatialvqa import models as M
+from spatialvqa.questions import with_rotations
 from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.llm import FakeOpenAIServer
 
@@ -192,7 +193,7 @@ def test_oracle_is_right_under_every_rotation(tmp_path, phantom_bench):
     s = M.infer("oracle", f, out, {"circular": True})
     mc = sum(r["format"] == "mc" for r in recs)
     assert s.total == len(recs) + 3 * mc and s.errors == 0
-    scored = score_predictions(M.with_rotations(recs), read_jsonl(out), "oracle")
+    scored = score_predictions(with_rotations(recs), read_jsonl(out), "oracle")
     assert scored["correct"].map(lambda c: c is True).all()
     circ = circular_eval(scored)
     assert len(circ) == mc and circ["complete"].all() and (circ["circular"] == 1.0).all()
@@ -203,6 +204,6 @@ def test_cross_fitted_answers_unchanged_by_rotations(phantom_bench, name):
     recs, _ = phantom_bench
     plain, circ = M.make_adapter(name, {"seed": 0}), M.make_adapter(name, {"seed": 0})
     plain.prepare(recs)
-    circ.prepare(M.with_rotations(recs))
+    circ.prepare(with_rotations(recs))
     assert {q: circ._preds[q] for q in plain._preds} == plain._preds            # never trained on the rotated copies
-    assert all(r["qid"] in circ._preds for r in M.with_rotations(recs))
+    assert all(r["qid"] in circ._preds for r in with_rotations(recs))

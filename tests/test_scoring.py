@@ -7,7 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from spatialvqa import scoring as S
-from spatialvqa.metrics import bootstrap_ci, mcnemar
+from spatialvqa import stats
+from spatialvqa.questions import rotate_options, rotations
+from spatialvqa.figures import plot_failure_types
+from spatialvqa.stats import bootstrap_ci, mcnemar
 
 
 # VSI-Bench (thinking-in-space, lmms-eval tasks/vsibench/utils.py), written out as they define it, element-wise:
@@ -23,18 +26,18 @@ def vsibench_mra(pred, target, start=0.5, end=0.95, interval=0.05):
 
 
 def test_mra_thresholds_are_vsibench():
-    assert len(S.MRA_THRESHOLDS) == 10
-    assert np.array_equal(S.MRA_THRESHOLDS, np.linspace(0.5, 0.95, int((0.95 - 0.5) / 0.05 + 2)))
+    assert len(stats.MRA_THRESHOLDS) == 10
+    assert np.array_equal(stats.MRA_THRESHOLDS, np.linspace(0.5, 0.95, int((0.95 - 0.5) / 0.05 + 2)))
 
 
 def test_mra_random_inputs_match_vsibench():
     rng = np.random.default_rng(0)
     gt = rng.uniform(0.01, 5000, 20000)
     pred = gt * rng.uniform(0, 2.2, gt.size)
-    ours = S.mean_relative_accuracy(pred, gt)
+    ours = stats.mra(pred, gt)
     theirs = np.array([vsibench_mra(p, g) for p, g in zip(pred, gt)])
     assert np.array_equal(ours, theirs)
-    assert [S.mean_relative_accuracy(p, g) for p, g in zip(pred[:50], gt[:50])] == theirs[:50].tolist()
+    assert [stats.mra(p, g) for p, g in zip(pred[:50], gt[:50])] == theirs[:50].tolist()
 
 
 def test_mra_exactly_at_thresholds():
@@ -43,26 +46,26 @@ def test_mra_exactly_at_thresholds():
     for g in gts:
         for t in thr:
             for p in (g * (1 + (1 - t)), g * (1 - (1 - t)), g + g * (1 - t), g - g * (1 - t), np.nextafter(g * (2 - t), 0)):
-                assert S.mean_relative_accuracy(p, g) == vsibench_mra(p, g), (p, g)
+                assert stats.mra(p, g) == vsibench_mra(p, g), (p, g)
     # integer percentages on round truths: every relative error a multiple of 5%
     g = np.full(41, 100.0)
     p = np.arange(0, 205, 5, dtype=float)
-    assert np.array_equal(S.mean_relative_accuracy(p, g), [vsibench_mra(a, b) for a, b in zip(p, g)])
+    assert np.array_equal(stats.mra(p, g), [vsibench_mra(a, b) for a, b in zip(p, g)])
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.floats(0, 1e6, allow_nan=False), st.floats(1e-6, 1e6, allow_nan=False))
 def test_mra_property(pred, gt):
-    assert S.mean_relative_accuracy(pred, gt) == vsibench_mra(pred, gt)
+    assert stats.mra(pred, gt) == vsibench_mra(pred, gt)
 
 
 def test_mra_rejects_zero_truth():
     with pytest.raises(ValueError, match="ground truth 0"):
-        S.mean_relative_accuracy(5.0, 0.0)
+        stats.mra(5.0, 0.0)
     with pytest.raises(ValueError, match="ground truth 0"):
-        S.mean_relative_accuracy([1.0, 2.0], [1.0, 0.0])
+        stats.mra([1.0, 2.0], [1.0, 0.0])
     with pytest.raises(ValueError, match="finite and positive"):
-        S.mean_relative_accuracy(1.0, np.nan)
+        stats.mra(1.0, np.nan)
 
 
 @pytest.fixture(scope="module")
@@ -146,16 +149,16 @@ def test_compare_models(recs):
 def test_rotation_roundtrip(recs):
     r = next(x for x in recs if x["format"] == "mc")
     for k in range(4):
-        rr = S.rotate_options(r, k)
+        rr = rotate_options(r, k)
         assert rr["options"][ord(rr["answer_letter"]) - 65] == r["answer_text"]
         assert rr["base_qid"] == r["qid"] and (rr["qid"] == r["qid"]) == (k == 0)
-        assert S.rotate_options(rr, 4 - k)["options"] == r["options"]
+        assert rotate_options(rr, 4 - k)["options"] == r["options"]
     with pytest.raises(ValueError, match="only multiple-choice"):
-        S.rotate_options(next(x for x in recs if x["format"] == "numeric"), 1)
+        rotate_options(next(x for x in recs if x["format"] == "numeric"), 1)
 
 
 def test_circular_eval(recs):
-    allr = recs + S.rotations(recs)
+    allr = recs + rotations(recs)
     mc = [r for r in allr if r["format"] == "mc"]
     # right on the original order only: vanilla 100%, circular 0%
     first = S.score_predictions(allr, [dict(qid=r["qid"], raw=(r["answer_letter"] if r.get("rotation", 0) == 0 else "wrong text")) for r in mc])
@@ -202,7 +205,7 @@ def test_failure_sheet_roundtrip(tmp_path, recs):
     S.write_failure_sheet(sheet, tmp_path / "s.csv")
     back = S.read_failure_sheet(tmp_path / "s.csv")
     assert S.failure_type_table(back)["numeric"].sum() == len(sheet)
-    fig = S.plot_failure_types(back, tmp_path / "f.png")
+    fig = plot_failure_types(back, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 1000
     import matplotlib.pyplot as plt
     plt.close(fig)
