@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import yaml
 
 # %% auto #0
@@ -329,6 +328,7 @@ def length_histogram(lengths: Mapping[str, Sequence[int]], max_words: int = 30) 
         w = np.minimum(np.asarray(w, dtype=int), max_words)
         c = np.bincount(w, minlength=max_words + 1)
         rows += [dict(name=name, words=k, count=int(n), share=n / max(len(w), 1)) for k, n in enumerate(c)]
+    import pandas as pd
     return pd.DataFrame(rows)
 
 def plot_length_distributions(lengths: Mapping[str, Sequence[int]], reference: str = "reference", max_words: int = 30,
