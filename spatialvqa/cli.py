@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,10 +98,41 @@ def parser() -> argparse.ArgumentParser:
     return _parser(lambda mod: True)
 
 # %% ../nbs/49_cli.ipynb #84d63b7a
+_FILE_OUT = {"measure", "infer", "ctsvqa-jury", "ctsvqa-text", "report-qa", "reviews"}   # --out is a file
+_FOLDER_OUT = {"fetch", "phantom", "convert", "validate", "export", "ctrate-download", "views"}  # --out is a folder
+
+def _inputs(a: argparse.Namespace) -> list[str]:
+    "Every argument value but `--out` that names an existing file or folder: what the command may read."
+    found = []
+    for k, v in vars(a).items():
+        if k in ("out", "func", "command"): continue
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(x, str) and x and os.path.exists(x): found.append(x)
+    return found
+
+def _check_out(a: argparse.Namespace, inputs: list[str]) -> None:
+    "Refuse an `--out` that is one of the command's inputs, or not the kind of path (file or folder) the command writes."
+    from spatialvqa.core import OutputError, check_output
+    out = getattr(a, "out", None)
+    if not out: return
+    p = Path(out)
+    for i in inputs:
+        if p.exists() and os.path.samefile(i, p) or p.resolve() == Path(i).resolve():
+            raise OutputError(f"{out}: the output is the input {i} of this command; writing it would destroy the input")
+    if a.command in _FILE_OUT: check_output(p)
+    elif p.exists() and not p.is_dir(): raise OutputError(f"{out}: the output must be a folder, and this is a file")
+
 def _user_error(e: BaseException) -> bool:
-    "Bad input that the library reports in a sentence: `ScanError` is a `ValueError`, `FetchError` exists once fetch is loaded."
-    fetch = sys.modules.get("spatialvqa.fetch")
-    return isinstance(e, (FileNotFoundError, KeyError, ValueError)) or (fetch is not None and isinstance(e, fetch.FetchError))
+    """A fault of the input or the environment, reported as one sentence with status 2: the project's own error types
+    (any exception class defined in a `spatialvqa` module: `ScanError`, `FetchError`, `LLMError`, `OutputError` ...),
+    and `OSError`, `ValueError` and `KeyError`, which the library raises with the file and the fault named."""
+    return isinstance(e, (OSError, ValueError, KeyError)) or type(e).__module__.startswith("spatialvqa.")
+
+def _sentence(e: BaseException) -> str:
+    if isinstance(e, KeyError) and e.args: return str(e.args[0])
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}" + (f" (and {e.filename2})" if e.filename2 else "")
+    return str(e) or type(e).__name__
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `spatialvqa` console script."
@@ -107,9 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     command = next((x for x in argv if not x.startswith("-")), None)  # the only positional before the subcommand's
     a = _parser(lambda mod: command in _PLUGINS[mod]).parse_args(argv)
     if a.func is None: a = parser().parse_args(argv)  # a listed subcommand that `command` did not name (never expected)
-    try: return a.func(a)
+    try:
+        inputs = _inputs(a)
+        _check_out(a, inputs)
+        from spatialvqa.core import protect_inputs
+        with protect_inputs(inputs): return a.func(a)
+    except KeyboardInterrupt:
+        print(f"spatialvqa {a.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:
-        if not _user_error(e): raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"spatialvqa {a.command}: error: {msg}", file=sys.stderr)
+        if not _user_error(e):
+            traceback.print_exc()
+            print(f"spatialvqa {a.command}: internal error: {type(e).__name__}: {e}\nThis is a bug in spatialvqa, not a fault "
+                  "of the input: please report it with the traceback above.", file=sys.stderr)
+            return 1
+        print(f"spatialvqa {a.command}: error: {_sentence(e)}", file=sys.stderr)
         return 2

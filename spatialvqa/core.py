@@ -12,7 +12,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
+import re
+import stat
 import sys
 import tempfile
 import textwrap
@@ -26,11 +29,12 @@ import numpy as np
 import yaml
 
 # %% auto #0
-__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'get_logger',
-           'progress', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl',
-           'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb',
-           'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram',
-           'plot_length_distributions']
+__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'SecretOptionError',
+           'check_no_secrets', 'mask_secrets', 'get_logger', 'progress', 'OutputError', 'protect_inputs',
+           'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl',
+           'read_jsonl', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map', 'stable_hash',
+           'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci',
+           'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -79,6 +83,46 @@ def flag(value) -> bool:
     if s in ("0", "false", "no", "off", "", "none"): return False
     raise ValueError(f"not a boolean: {value!r}")
 
+# %% ../nbs/00_core.ipynb #f38e65b5
+class SecretOptionError(ValueError):
+    "A config that holds a secret (an API key, token or password) instead of naming its environment variable."
+
+_SECRET_NAME = re.compile(r"(^|_)(api_?key|access_?key|secret_?key|key|token|secret|password|passwd)$")
+
+def _secret_name(key) -> bool:
+    k = re.sub(r"[^a-z0-9]+", "_", str(key).lower()).strip("_")
+    return not k.endswith("_env") and bool(_SECRET_NAME.search(k))
+
+def check_no_secrets(config, where: str = "config"):
+    "`config` unchanged when no key at any depth looks like a secret; else a `SecretOptionError` naming it and `api_key_env`."
+    def walk(o, path):
+        if isinstance(o, Mapping):
+            for k, v in o.items():
+                p = f"{path}.{k}"
+                if _secret_name(k):
+                    raise SecretOptionError(f"{p}: secrets are not accepted in a config (it would be stored in dvc.lock, the "
+                                            f"executed notebooks and logs); put the key in an environment variable and name it "
+                                            f"with `api_key_env` (e.g. api_key_env: OPENAI_API_KEY)")
+                walk(v, p)
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o): walk(v, f"{path}[{i}]")
+    walk(config, where)
+    return config
+
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
+
+def mask_secrets(text, extra: Iterable[str | None] = ()) -> str:
+    """`text` with every secret replaced by `***`: the values (8 characters or more) of environment variables whose names
+    contain KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, and the strings of `extra`. A secret cut short (a server's
+    answer truncated for a message) is masked too, from its first 8 characters on."""
+    if text is None: return text
+    text = str(text)
+    secrets = {v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8} | {s for s in extra if s and len(s) >= 4}
+    for s in sorted(secrets, key=len, reverse=True):
+        text = text.replace(s, "***")
+        if len(s) > 8: text = re.sub(re.escape(s[:8]) + r"\S*", "***", text)
+    return text
+
 # %% ../nbs/00_core.ipynb #16578eff
 def get_logger(name: str = "spatialvqa") -> logging.Logger:
     "A logger writing `time level name: message` to stderr, configured once."
@@ -100,10 +144,46 @@ def progress(it: Iterable, total: int | None = None, desc: str | None = None, **
 # %% ../nbs/00_core.ipynb #f2c991c9
 _UMASK = os.umask(0); os.umask(_UMASK)
 
+class OutputError(ValueError):
+    "An output path that must not be written: an input of the running command, a folder, a device, a symbolic link."
+
+_PROTECTED: dict[tuple[int, int] | str, str] = {}   # (device, inode) and resolved path of each protected input -> its name
+
+@contextlib.contextmanager
+def protect_inputs(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
+    "While the block runs, `check_output` (so every atomic write and append) refuses to replace any of `paths` that exist."
+    added = []
+    for p in paths:
+        try: st = os.stat(p)
+        except (OSError, ValueError): continue
+        for k in ((st.st_dev, st.st_ino), str(Path(p).resolve())):
+            if k not in _PROTECTED: _PROTECTED[k] = str(p); added.append(k)
+    try: yield
+    finally:
+        for k in added: _PROTECTED.pop(k, None)
+
+def check_output(path: str | os.PathLike) -> Path:
+    """`path` as a Path when it may be written: absent, or a regular file (not a symbolic link) that is none of the
+    inputs `protect_inputs` guards. Otherwise an `OutputError` that names the path and the reason."""
+    p = Path(path)
+    try: st = os.lstat(p)
+    except FileNotFoundError: st = None
+    except NotADirectoryError: raise OutputError(f"{p}: cannot write this output, a folder on its path is a file") from None
+    if st is not None:
+        what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else
+                None if stat.S_ISREG(st.st_mode) else "a device, pipe or socket")
+        if what: raise OutputError(f"{p}: the output is {what}, not a regular file; refusing to replace it (choose another path)")
+        name = _PROTECTED.get((st.st_dev, st.st_ino))
+    else: name = None
+    name = name or _PROTECTED.get(str(p.resolve()))
+    if name: raise OutputError(f"{p}: the output is the input {name} of this command; writing it would destroy the input")
+    return p
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator[Any]:
-    "Open a temporary sibling of `path` for writing; rename it onto `path` only if the block succeeds."
-    path = Path(path)
+    """Open a temporary sibling of `path` for writing; rename it onto `path` only if the block succeeds. `path` must pass
+    `check_output`: a folder, device, symbolic link or protected input is never replaced."""
+    path = check_output(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -130,9 +210,20 @@ def _json_default(o):
     if dataclasses.is_dataclass(o): return dataclasses.asdict(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
+def _finite(o):
+    "`o` with every float NaN (an undefined value) as None, recursively; numpy arrays and scalars become lists and numbers."
+    if isinstance(o, float): return None if math.isnan(o) else o
+    if isinstance(o, Mapping): return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)): return [_finite(v) for v in o]
+    if isinstance(o, (np.ndarray, np.generic)): return _finite(o.tolist())
+    if dataclasses.is_dataclass(o) and not isinstance(o, type): return _finite(dataclasses.asdict(o))
+    return o
+
 def dumps(obj, **kwargs) -> str:
-    "`json.dumps` that understands numpy values, paths and dataclasses."
-    return json.dumps(obj, default=_json_default, **kwargs)
+    """`json.dumps` that understands numpy values, paths and dataclasses, and always writes valid JSON: an undefined
+    value (NaN) is written as `null`, and an infinite one is an error (`allow_nan=False`)."""
+    try: return json.dumps(_finite(obj), default=_json_default, allow_nan=False, **kwargs)
+    except ValueError as e: raise ValueError(f"not valid JSON: {e} (an infinite number)") from None
 
 def write_json(obj, path: str | os.PathLike, indent: int | None = 2) -> Path:
     "Write `obj` as JSON to `path` atomically."
@@ -151,7 +242,7 @@ def write_jsonl(records: Iterable[dict], path: str | os.PathLike) -> Path:
 
 def append_jsonl(record: dict, path: str | os.PathLike) -> None:
     "Append one record to `path` and flush it to disk, so a crash after return cannot lose it."
-    path = Path(path)
+    path = check_output(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = dumps(record) + "\n"
     with open(path, "a+b") as f:
@@ -163,16 +254,22 @@ def append_jsonl(record: dict, path: str | os.PathLike) -> None:
         f.flush()
         os.fsync(f.fileno())
 
-def read_jsonl(path: str | os.PathLike, strict: bool = False) -> list[dict]:
-    "Records of a JSON Lines file; a torn (unparseable) line is skipped unless `strict`."
+def read_jsonl(path: str | os.PathLike, strict: bool = False, require: Sequence[str] = ()) -> list[dict]:
+    """Records of a JSON Lines file; a torn (unparseable) line is skipped unless `strict`. A line that is JSON but not
+    an object, or an object without one of the fields `require`, is an error naming the file, the line and the fault."""
     out = []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
-            try: out.append(json.loads(line))
+            try: r = json.loads(line)
             except json.JSONDecodeError as e:
                 if strict: raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
                 get_logger(__name__).warning("%s:%d: skipping torn record", path, n)
+                continue
+            if not isinstance(r, dict): raise ValueError(f"{path}:{n}: a record must be a JSON object, not {type(r).__name__}")
+            if miss := [k for k in require if k not in r]:
+                raise ValueError(f"{path}:{n}: the record has no field {miss[0]!r}")
+            out.append(r)
     return out
 
 # %% ../nbs/00_core.ipynb #44086722

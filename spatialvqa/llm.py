@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from .core import append_jsonl, get_logger, read_jsonl, stable_hash, thread_map
+from .core import append_jsonl, check_no_secrets, get_logger, mask_secrets, read_jsonl, stable_hash, thread_map
 
 log = get_logger(__name__)
 
@@ -120,11 +120,9 @@ DEFAULT_BASE_URLS = {"openai": "http://127.0.0.1:8000/v1", "vllm": "http://127.0
                      "sglang": "http://127.0.0.1:30000/v1", "ollama": "http://127.0.0.1:11434/v1"}
 
 def _scrub(text: str, secret: str | None) -> str:
-    "`text` with every occurrence of `secret` (and of its longer prefixes) masked."
-    if secret and len(secret) >= 4:
-        text = text.replace(secret, "***")
-        text = re.sub(re.escape(secret[:8]) + r"\S*", "***", text) if len(secret) > 8 else text
-    return text
+    """`text` with every occurrence of `secret` (and of its longer prefixes) and every secret of the environment
+    (`core.mask_secrets`) masked: every text that came from a server goes through here before it is raised or returned."""
+    return mask_secrets(text, [secret])
 
 class OpenAICompatible:
     "A model served over the OpenAI chat-completions protocol (vLLM, SGLang, Ollama, hosted APIs)."
@@ -173,16 +171,16 @@ class OpenAICompatible:
         except (http.client.HTTPException, ConnectionError) as e:
             raise TransientError(f"{self.name}: connection lost ({type(e).__name__})") from None
         try: return json.loads(raw)
-        except json.JSONDecodeError: raise LLMError(f"{self.name}: the server's answer is not JSON: {raw[:200]!r}") from None
+        except json.JSONDecodeError: raise LLMError(_scrub(f"{self.name}: the server's answer is not JSON: {raw[:200]!r}", key)) from None
 
     def complete(self, prompt, **kw) -> str:
         "One completion, with retries."
         data = call_with_retries(lambda: self._post(self.request_body(prompt, **kw)), self.retry, self.name)
         try: choice = data["choices"][0]; content = choice["message"].get("content")
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise LLMError(f"{self.name}: unexpected response: {json.dumps(data)[:200]}") from None
+            raise LLMError(_scrub(f"{self.name}: unexpected response: {json.dumps(data)[:200]}", self._key())) from None
         if choice.get("finish_reason") == "length": log.debug("%s: completion cut at max_tokens", self.name)
-        return content or ""
+        return _scrub(content, self._key()) if content else ""
 
     def generate(self, prompts, *, max_tokens=512, temperature=0.0, json_mode=False, system=None) -> list[str]:
         kw = dict(max_tokens=max_tokens, temperature=temperature, json_mode=json_mode, system=system)
@@ -292,7 +290,7 @@ class Gemini:
                 headers = getattr(getattr(e, "response", None), "headers", None) or {}
                 return TransientError(msg, retry_after_seconds(headers.get("retry-after")))
             return LLMError(msg)
-        if _is_transient_exception(e): return TransientError(f"{self.name}: {type(e).__name__}: {e}")
+        if _is_transient_exception(e): return TransientError(mask_secrets(f"{self.name}: {type(e).__name__}: {e}"))
         return e
 
     def complete(self, prompt, **kw) -> str:
@@ -307,7 +305,7 @@ class Gemini:
         if text is None:
             reason = getattr((getattr(resp, "candidates", None) or [None])[0], "finish_reason", None)
             log.warning("%s: answer without text (finish reason %s)", self.name, reason)
-        return text or ""
+        return mask_secrets(text) if text else ""
 
     def generate(self, prompts, *, max_tokens=512, temperature=0.0, json_mode=False, system=None) -> list[str]:
         kw = dict(max_tokens=max_tokens, temperature=temperature, json_mode=json_mode, system=system)
@@ -560,7 +558,6 @@ class Replay:
 # %% ../nbs/02_llm.ipynb #e93b405e
 BACKENDS: dict[str, type] = {"openai": OpenAICompatible, "vllm": OpenAICompatible, "sglang": OpenAICompatible,
                              "ollama": OpenAICompatible, "gemini": Gemini, "transformers": Transformers}
-_SECRET_OPTIONS = re.compile(r"(^|_)(api_?key|key|token|secret|password)$", re.I)
 
 def parse_llm_spec(spec: str) -> dict | None:
     "A config mapping from 'backend:model[@base_url]', 'replay:cache.jsonl' or 'none'."
@@ -580,9 +577,7 @@ def make_llm(config: Mapping | str | None) -> LLM | None:
     cfg = dict(config)
     backend = str(cfg.pop("backend", "") or "none").lower()
     if backend in ("none", "null", "off"): return None
-    if bad := [k for k in cfg if _SECRET_OPTIONS.search(k) and k != "api_key_env"]:
-        raise ValueError(f"LLM config: {', '.join(bad)}: API keys come from the environment only; "
-                         "name the variable with `api_key_env`")
+    check_no_secrets(cfg, "LLM config")
     label = cfg.pop("name", None)
     cache, mode = cfg.pop("cache", None), str(cfg.pop("cache_mode", "auto")).lower()
     if mode not in CACHE_MODES: raise ValueError(f"LLM config: cache_mode {mode!r} is not one of {CACHE_MODES}")

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
-from .core import append_jsonl, get_logger, progress, read_jsonl, stable_hash, thread_map, write_jsonl
+from .core import (OutputError, append_jsonl, check_no_secrets, check_output, get_logger, mask_secrets, progress,
+                             read_jsonl, stable_hash, thread_map, write_jsonl)
 from .prompt import build_prompt
 from .questions import LETTERS, with_rotations
 
@@ -34,7 +35,8 @@ __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICT
            'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
            'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
-           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli']
+           'lock_path', 'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer',
+           'add_cli']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -103,7 +105,7 @@ def make_adapter(name: str, config: Mapping | None = None) -> Adapter:
                 if e.name != mod: raise
     if name not in ADAPTERS:
         raise KeyError(f"unknown model adapter {name!r}; registered: {', '.join(sorted(ADAPTERS))}")
-    return ADAPTERS[name](**dict(config or {}))
+    return ADAPTERS[name](**check_no_secrets(dict(config or {}), f"model {name} config"))
 
 def hashed_config(adapter: Adapter) -> dict:
     "The part of an adapter's config that decides its outputs (without its `runtime` keys), with its kind."
@@ -379,13 +381,29 @@ def _now() -> str: return datetime.now(timezone.utc).isoformat(timespec="seconds
 def _read(path: Path) -> list[dict]: return read_jsonl(path) if path.exists() else []
 
 def compact(rows: Iterable[dict], keys: Mapping[str, str]) -> list[dict]:
-    "One row per qid of `keys` (qid -> key), in its order: the last successful row of that key, else its last error."
+    """One row per key: the last successful row of that key, else its last error. Rows of other keys (other configs,
+    other prompts) come first, in the order they were first seen; then the rows of `keys` (qid -> key), in its order."""
     best: dict[str, dict] = {}
     for r in rows:
         k = r.get("key")
-        if k is None or keys.get(r.get("qid")) != k: continue
+        if k is None: continue
         if r.get("error") is None or k not in best or best[k].get("error") is not None: best[k] = r
-    return [best[k] for k in keys.values() if k in best]
+    mine = set(keys.values())
+    return [r for k, r in best.items() if k not in mine] + [best[k] for k in keys.values() if k in best]
+
+def lock_path(out: str | os.PathLike) -> Path:
+    "The lock file of runs into `out`: in the temporary folder, named by a hash of the resolved path, never removed."
+    import tempfile
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"spatialvqa-locks-{uid}" / f"{stable_hash(str(Path(out).resolve()), n=16)}.lock"
+
+def _predictions_file(path: Path, overwrite: bool) -> list[dict]:
+    "The rows at `path` if it is a predictions file (every row with `qid` and `key`); [] when absent or `overwrite`."
+    if overwrite or not path.exists(): return []
+    try: rows = read_jsonl(path, require=("qid", "key", "config_hash"))
+    except ValueError as e: raise OutputError(f"{path} is not a predictions file ({e}); refusing to replace it: "
+                                              "choose another --out, or pass --overwrite") from None
+    return rows
 
 @dataclasses.dataclass
 class RunSummary:
@@ -399,44 +417,53 @@ class RunSummary:
     config_hash: str
 
 class _Lock:
-    "An exclusive lock on `path` (released by the OS if the process dies)."
-    def __init__(self, path: Path): self.path, self.remove = path, False
+    "An exclusive lock on the file `path` (released by the OS if the process dies; the file itself stays)."
+    def __init__(self, path: Path, out: Path | None = None): self.path, self.out = path, out or path
     def __enter__(self):
         import fcntl
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(self.path, "a")
         try: fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError: self.f.close(); raise RuntimeError(f"{self.path}: another run is writing this output") from None
+        except BlockingIOError:
+            self.f.close()
+            raise OutputError(f"{self.out}: another run is writing this output now; wait for it to finish (lock {self.path})") from None
         return self
-    def __exit__(self, *exc):
-        if self.remove: self.path.unlink(missing_ok=True)     # a finished run leaves no lock file behind
-        self.f.close()
+    def __exit__(self, *exc): self.f.close()
 
 # %% ../nbs/41_models.ipynb #e9df2bff
 def _row(adapter, qid, key, cfg_hash, p_hash, style, rep, raw, error, attempts, latency) -> dict:
+    "One prediction row; the answer and the error pass `mask_secrets` (a server may echo the key back)."
     return {"qid": qid, "key": key, "model": adapter.name, "adapter": getattr(adapter, "kind", type(adapter).__name__),
             "config_hash": cfg_hash, "prompt_hash": p_hash, "prompt_style": style, "representation": rep,
-            "raw": raw, "error": error, "attempts": attempts, "latency_s": round(latency, 4), "ts": _now()}
+            "raw": mask_secrets(raw), "error": mask_secrets(error), "attempts": attempts, "latency_s": round(latency, 4), "ts": _now()}
 
-def _err(e: BaseException) -> str: return f"{type(e).__name__}: {e}"
+def _err(e: BaseException) -> str: return mask_secrets(f"{type(e).__name__}: {e}")
 
 def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathLike,
                   inputs_fn: Callable[[dict, str], ModelInput] | None = None, batch_size: int = 8, max_retries: int = 2,
-                  prompt_style: str = "default", retry_wait: float = 1.0, desc: str | None = None) -> RunSummary:
-    """Answer every record of `records` with `adapter` into `out` (JSONL, one row per qid), resuming a partial run.
-    `inputs_fn(record, prompt)` makes each `ModelInput` (default: `make_inputs("none")`)."""
-    out = Path(out)
-    log_path = partial_path(out)
+                  prompt_style: str = "default", retry_wait: float = 1.0, desc: str | None = None,
+                  overwrite: bool = False) -> RunSummary:
+    """Answer every record of `records` with `adapter` into `out` (JSONL, one row per key; other configs' rows kept),
+    resuming a partial run. `inputs_fn(record, prompt)` makes each `ModelInput` (default: `make_inputs("none")`).
+    `overwrite`: replace whatever is at `out` (and this run's partial rows) instead of refusing a non-predictions file."""
+    out = check_output(out)
+    log_path = check_output(partial_path(out))
     inputs_fn = inputs_fn or make_inputs("none")
     cfg = run_config(adapter, prompt_style, getattr(inputs_fn, "spec", None))
     cfg_hash = stable_hash(cfg)
     rep = cfg["inputs"].get("representation", "none")
-    if len({r["qid"] for r in records}) != len(records): raise ValueError("the benchmark repeats a qid")
+    if dup := _repeated([r["qid"] for r in records]): raise ValueError(f"the benchmark repeats the qid {dup!r}")
     prompts = {r["qid"]: build_prompt(r, prompt_style) for r in records}
     p_hash = {q: stable_hash(p) for q, p in prompts.items()}
     keys = {q: prediction_key(q, cfg_hash, p_hash[q]) for q in prompts}
-    with _Lock(log_path.with_name(log_path.name + ".lock")) as lock:
-        done = {r["key"] for r in _read(out) + _read(log_path) if r.get("error") is None and r.get("key")}
+    with _Lock(lock_path(out), out):
+        mine = set(keys.values())
+        before = _predictions_file(out, overwrite)
+        partial = _read(log_path)
+        if overwrite and any(r.get("key") in mine for r in partial):      # start afresh: this run's earlier rows go
+            partial = [r for r in partial if r.get("key") not in mine]
+            write_jsonl(partial, log_path)
+        done = {r["key"] for r in before + partial if r.get("error") is None and r.get("key") in mine}
         todo = [r for r in records if keys[r["qid"]] not in done]
         skipped = len(records) - len(todo)
         if skipped: log.info("%s: %d of %d records already answered; resuming", out, skipped, len(records))
@@ -489,11 +516,24 @@ def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathL
             log.warning("%s: interrupted after %d new answers (%d done in all); run again to resume", out, answered, skipped + answered)
             raise
         finally: bar.close()
-        rows = compact(_read(out) + _read(log_path), keys)
+        partial = _read(log_path)
+        rows = compact(before + [r for r in partial if r.get("key") in mine], keys)
+        run = [r for r in rows if r.get("key") in mine]
+        complete = len(run) == len(records)
         write_jsonl(rows, out)
-        if len(rows) == len(records): log_path.unlink(missing_ok=True); lock.remove = True
-        return RunSummary(len(records), skipped, answered, sum(r["error"] is not None for r in rows), len(rows) == len(records),
-                          str(out), cfg_hash)
+        if complete:
+            others = [r for r in partial if r.get("key") not in mine]     # another config's interrupted run: kept
+            if others: write_jsonl(others, log_path)
+            else: log_path.unlink(missing_ok=True)
+        return RunSummary(len(records), skipped, answered, sum(r["error"] is not None for r in run), complete, str(out), cfg_hash)
+
+def _repeated(items: Iterable) -> Any:
+    "The first item that occurs twice, else None."
+    seen = set()
+    for x in items:
+        if x in seen: return x
+        seen.add(x)
+    return None
 
 # %% ../nbs/41_models.ipynb #70e69325
 def parse_config(items: Sequence[str] | None) -> dict:
@@ -518,7 +558,7 @@ def model_entry(name: str, entry: Mapping | None) -> dict:
     """A model's run settings from its `infer.models` entry: `adapter` (default: the entry's name), `config`,
     `representation`, `prompt_style`, `batch_size`, `max_retries`, `circular` (also answer every option rotation
     of the multiple-choice questions; default false)."""
-    e = dict(entry or {})
+    e = dict(check_no_secrets(dict(entry or {}), f"infer.models.{name}"))
     unknown = set(e) - {"adapter", "config", "representation", "prompt_style", "batch_size", "max_retries", "index", "circular"}
     if unknown: raise ValueError(f"infer.models.{name}: unknown keys {sorted(unknown)}; model options go under `config`")
     return {"adapter": e.get("adapter") or name, "config": dict(e.get("config") or {}), "representation": e.get("representation", "none"),
@@ -537,18 +577,23 @@ def _flag(v) -> bool:
     return bool(v)
 
 def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entry: Mapping | None = None,
-          cache_dir: str | os.PathLike = ".cache/views", root: str | os.PathLike | None = None, limit: int | None = None) -> RunSummary:
-    "Run the model `model` (its settings: `model_entry`) over the benchmark JSONL (with every option rotation when `circular`) into `out`."
+          cache_dir: str | os.PathLike = ".cache/views", root: str | os.PathLike | None = None, limit: int | None = None,
+          overwrite: bool = False) -> RunSummary:
+    """Run the model `model` (its settings: `model_entry`) over the benchmark JSONL (with every option rotation when
+    `circular`) into `out`; `limit`: only the first N records (None: all; N must be at least 1)."""
     e = model_entry(model, entry)
-    recs = read_jsonl(benchmark, strict=True)
-    if limit: recs = recs[:int(limit)]
+    if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
+        raise ValueError(f"--limit {limit}: the number of records must be at least 1 (leave it out for all)")
+    recs = read_jsonl(benchmark, strict=True, require=("qid",))
+    if dup := _repeated(str(r["qid"]) for r in recs): raise ValueError(f"{benchmark}: the benchmark repeats the qid {dup!r}")
+    if limit is not None: recs = recs[:int(limit)]
     if e["circular"]: recs = with_rotations(recs)
     cfg = {"name": model, **e["config"]}
     if e["adapter"] == "oracle" and root is not None: cfg.setdefault("root", str(root))
     adapter = make_adapter(e["adapter"], cfg)
     inputs = make_inputs(e["representation"], index=e["index"], cache_dir=cache_dir, root=root)
     return run_inference(adapter, recs, out, inputs, batch_size=e["batch_size"], max_retries=e["max_retries"],
-                         prompt_style=e["prompt_style"], desc=model)
+                         prompt_style=e["prompt_style"], desc=model, overwrite=overwrite)
 
 def _cli_infer(a) -> int:
     entry: dict = {}
@@ -556,13 +601,13 @@ def _cli_infer(a) -> int:
         from spatialvqa.core import load_params
         entry = dict((load_params("infer", a.params).get("models") or {}).get(a.model) or {})
     entry = model_entry(a.model, entry)
-    entry["config"].update(parse_config(a.config))
+    entry["config"].update(check_no_secrets(parse_config(a.config), "--config"))
     for k in ("adapter", "representation", "prompt_style", "batch_size", "max_retries", "index", "circular"):
         if getattr(a, k, None) is not None: entry[k] = getattr(a, k)
     def _term(signum, frame): raise KeyboardInterrupt
     main = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, _term) if main else None
-    try: s = infer(a.model, a.benchmark, a.out, entry, cache_dir=a.cache_dir, root=a.root, limit=a.limit)
+    try: s = infer(a.model, a.benchmark, a.out, entry, cache_dir=a.cache_dir, root=a.root, limit=a.limit, overwrite=a.overwrite)
     except KeyboardInterrupt: return 130
     finally:
         if main: signal.signal(signal.SIGTERM, old)
@@ -585,6 +630,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--max-retries", dest="max_retries", type=int)
     p.add_argument("--cache-dir", dest="cache_dir", default=".cache/views")
     p.add_argument("--root", help="folder that relative scan paths are under (default: cwd)")
-    p.add_argument("--limit", type=int, help="only the first N records")
+    p.add_argument("--limit", type=int, help="only the first N records (N >= 1; default: all)")
+    p.add_argument("--overwrite", action="store_true", help="replace what is at --out (also a file that holds no predictions)")
     p.add_argument("--circular", action="store_true", default=None, help="also answer every option rotation (circular evaluation)")
     p.set_defaults(func=_cli_infer)

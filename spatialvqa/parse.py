@@ -232,7 +232,7 @@ UNIT_ALIASES = [  # (regex, unit); longest first
 ]
 _UNIT_RE = re.compile(r"\s*(?P<u>" + "|".join(f"(?:{a})" for a, _ in UNIT_ALIASES) + r")(?![A-Za-z0-9²³])", re.I)
 _SUP = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
-_NUM = re.compile(r"(?<![A-Za-z0-9.,/])(?P<n>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+_NUM = re.compile(r"(?<![A-Za-z0-9.,/])(?P<n>[1-9]\d{0,2}(?:,\d{3})+(?![\d,])(?:\.\d+)?|\d+(?:\.\d+|,\d+(?![\d,]|\.\d))?(?!,\d)|\.\d+)"
                   r"(?P<exp>\s*(?:[x×*]|times)\s*10\s*(?:\^\s*|\*\*\s*)?(?P<e>[-+]?\d+|[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+)|[eE](?P<e2>[-+]?\d+))?")
 _SKIP_BEFORE = re.compile(r"(?:segment|segments|slice|slices|series|step|image|figure|fig\.|level|scan|case|grade|stage|"
                           r"question|option|number|no\.|#|vertebra|rib|couinaud|version|v)\s*$", re.I)
@@ -247,8 +247,12 @@ def _unit_of(text: str) -> str | None:
         if re.fullmatch(a, text.strip(), re.I): return u
     return None
 
+_THOUSANDS = re.compile(r"[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+
 def _decimal(m: re.Match) -> Decimal:
-    d = Decimal(m.group("n").replace(",", ""))
+    "The number of a `_NUM` match: commas in groups of three are thousands separators, any other comma a decimal comma."
+    n = m.group("n")
+    d = Decimal(n.replace(",", "") if _THOUSANDS.fullmatch(n) else n.replace(",", "."))
     e = m.group("e") or m.group("e2")
     if e: d = d.scaleb(int(e.translate(_SUP)))
     return d
@@ -278,6 +282,9 @@ def _candidates(text: str, family: str) -> list[dict]:
         if unit is None and (_SKIP_AFTER.match(after) or re.match(r"[A-Za-z]", after)): continue   # "3D", "4th"
         try: value = _decimal(m)
         except InvalidOperation: continue
+        start = m.start()
+        if re.search(r"(?:^|[\s(:=~≈\[])-$", text[:m.start()]) and not re.search(r"\d\s*-$", text[:m.start()]):
+            value, start = -value, m.start() - 1                                            # "-12 mL": a negative number
         if not value.is_finite() or abs(value.adjusted()) > 30: continue      # "1e999": not a measurement
         end = m.end() + (u.end() if u else 0)
         if family == "ratio" and unit == "%":                                               # "12% larger" = 1.12 times
@@ -285,7 +292,7 @@ def _candidates(text: str, family: str) -> list[dict]:
             if rel:
                 value = 1 + value / 100 if rel.group("d").lower() in ("larger", "bigger", "greater", "more") else 1 - value / 100
                 unit = "ratio"
-        out.append(dict(value=value, unit=unit, start=m.start(), end=end))
+        out.append(dict(value=value, unit=unit, start=start, end=end))
     return out
 
 def _convert(value: Decimal, unit: str | None, want: str) -> Decimal | None:

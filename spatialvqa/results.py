@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, read_jsonl
+from .core import atomic_write, get_logger, read_jsonl
 from .stats import bootstrap_means, bootstrap_ci
 from .questions import LETTERS, rotations
 from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table, blind_gap, circular_eval,
@@ -82,12 +82,17 @@ def score_models(records: Sequence[Mapping], predictions: Mapping[str, Sequence[
     return out
 
 def read_predictions(folder: str | os.PathLike, models: Sequence[str]) -> dict[str, list[dict]]:
-    "`<folder>/<model>.jsonl` of each model; a missing file is an error that names it."
+    """`<folder>/<model>.jsonl` of each model; a missing file is an error that names it. `spatialvqa infer` keeps every
+    configuration's rows in one file: the rows of the configuration written last (the file's last row) are the model's."""
     out = {}
     for m in models:
         p = Path(folder) / f"{m}.jsonl"
         if not p.exists(): raise FileNotFoundError(f"{p}: no predictions for model {m!r} (run its infer stage first)")
-        out[m] = read_jsonl(p)
+        rows = read_jsonl(p, require=("qid",))
+        last = rows[-1].get("config_hash") if rows else None
+        out[m] = [r for r in rows if r.get("config_hash") == last]
+        if len(out[m]) < len(rows):
+            get_logger(__name__).info("%s: %d rows of other configurations set aside (scoring config %s)", p, len(rows) - len(out[m]), last)
     return out
 
 def in_scope(scored: pd.DataFrame) -> pd.DataFrame:

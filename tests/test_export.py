@@ -228,3 +228,18 @@ def test_cli_export(kept, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     a = p.parse_args(["export", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "e")])
     with pytest.raises(ValueError, match="no questions"): a.func(a)
+
+
+NUMBER_CASES = [("-12 mL", "mL"), ("12,5 mL", "mL"), ("0,5 L", "mL"), ("0,500 L", "mL"), ("1,200 mL", "mL"), ("12,500 mL", "mL"),
+                ("options 1,2,3 mL", "mL"), ("150 -170 mL", "mL"), ("The volume is -12 mL", "mL")]
+
+
+def test_exported_utils_read_signs_and_commas_as_the_project(out, tmp_path, monkeypatch):
+    "Issue 11: negative numbers and decimal commas are read by the exported utils.py exactly as by spatialvqa.parse."
+    from spatialvqa import parse
+    monkeypatch.chdir(tmp_path)
+    U = _utils(out[1]["lmms_utils"])
+    for text, unit in NUMBER_CASES:
+        ours, theirs = parse.parse_number(text, unit), U.parse_number(text, unit)
+        assert (theirs.value, theirs.status, theirs.span, theirs.note) == (ours.value, ours.status, ours.span, ours.note), text
+    assert U.parse_number("-12 mL", "mL").value == -12.0 and U.parse_number("0,5 L", "mL").value == 500.0

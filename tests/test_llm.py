@@ -205,8 +205,8 @@ def test_make_llm_configs():
     assert L.make_llm({"backend": "openai", "model": "m", "name": "blind-qwen", "cache": "x.jsonl"}).name == "blind-qwen"
     t = L.make_llm("transformers:gemma-3-270m")
     assert isinstance(t, L.Transformers) and not t.loaded and t.name == "transformers:gemma-3-270m"
-    for bad, msg in [({"backend": "openai", "model": "m", "api_key": "sk-1"}, "environment only"),
-                     ({"backend": "gemini", "model": "m", "token": "x"}, "environment only"),
+    for bad, msg in [({"backend": "openai", "model": "m", "api_key": "sk-1"}, "api_key_env"),
+                     ({"backend": "gemini", "model": "m", "token": "x"}, "api_key_env"),
                      ({"backend": "openai", "model": "m", "temprature": 0}, r"unknown option\(s\) for backend 'openai': temprature"),
                      ({"backend": "openai"}, "needs `model`"),
                      ({"backend": "gpt5", "model": "m"}, "unknown backend 'gpt5'"),

@@ -130,19 +130,19 @@ def test_keys_follow_model_prompt_and_decoding(tmp_path, bench):
     for kw in ({"prompt_style": "radiologist"},):
         assert M.run_inference(M.make_adapter("random", {"seed": 0}), recs, out, **kw).answered == 6
     assert M.run_inference(M.make_adapter("random", {"seed": 1}), recs, out).answered == 6
-    rows = read_jsonl(out)
-    assert len(rows) == 6 and len({r["key"] for r in rows}) == 6
+    rows = read_jsonl(out)                                     # every configuration's rows are kept, one per key
+    assert len(rows) == 18 and len({r["key"] for r in rows}) == 18 and len({r["config_hash"] for r in rows}) == 3
     assert all(r["key"].startswith(r["qid"] + "@") for r in rows)
     assert set(M.PREDICTION_FIELDS) <= set(rows[0])
 
 
 def test_repeated_qid_and_concurrent_runs_are_refused(tmp_path, bench):
     recs = read_jsonl(bench)
-    with pytest.raises(ValueError, match="repeats a qid"):
+    with pytest.raises(ValueError, match="repeats the qid 'mc00'"):
         M.run_inference(M.make_adapter("random"), recs + recs[:1], tmp_path / "x.jsonl")
     out = tmp_path / "busy.jsonl"
-    with M._Lock(M.partial_path(out).with_name(M.partial_path(out).name + ".lock")):
-        with pytest.raises(RuntimeError, match="another run"):
+    with M._Lock(M.lock_path(out)):
+        with pytest.raises(ValueError, match="another run is writing this output"):
             M.run_inference(M.make_adapter("random"), recs, out)
 
 

@@ -1,0 +1,293 @@
+"""Issue 11, hardening: no command destroys data or leaks a key, and no number is read wrong without an error.
+One test per case of the issue, named after it (data loss, secrets, wrong numbers); the every-subcommand fault test
+is tests/test_cli_faults.py."""
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from spatialvqa import models as M
+from spatialvqa.cli import main
+from spatialvqa.core import SecretOptionError, read_jsonl, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-hardening-test-0123456789abcdef"       # what an API key looks like; must never reach a file or a log
+
+
+def _bench(path: Path, n: int = 6) -> Path:
+    recs = [{"qid": f"q{i}", "format": "mc", "question": f"Question {i}?", "options": ["w", "x", "y", "z"], "unit": None,
+             "answer_letter": "A"} for i in range(n)]
+    write_jsonl(recs, path)
+    return path
+
+
+def run(capsys, *argv):
+    "`spatialvqa ARGV` in this process: (status, stderr)."
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err or rc == 1, err
+    return rc, err
+
+
+# --- data loss: --out ---------------------------------------------------------------------------------------------
+
+def test_out_equal_to_input_is_refused_measure(tmp_path, capsys):
+    lab = tmp_path / "same.nii.gz"
+    lab.write_bytes(b"\x1f\x8b label map")
+    rc, err = run(capsys, "measure", lab, "--out", lab)
+    assert rc == 2 and "is the input" in err and lab.read_bytes() == b"\x1f\x8b label map"
+
+
+def test_out_equal_to_input_is_refused_infer(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    before = b.read_bytes()
+    for out in (b, tmp_path / "." / "b.jsonl"):
+        rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out)
+        assert rc == 2 and "is the input" in err and "b.jsonl" in err
+    assert b.read_bytes() == before
+
+
+def test_out_hard_link_to_input_is_refused(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    os.link(b, tmp_path / "alias.jsonl")                                   # another name, the same inode
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "alias.jsonl")
+    assert rc == 2 and "is the input" in err
+
+
+def test_input_inside_output_folder_is_not_replaced(tmp_path, capsys):
+    d = tmp_path / "exp"
+    b = _bench(d / "bench.jsonl")
+    before = b.read_bytes()
+    rc, err = run(capsys, "export", b, "--out", d, "--name", "bench")         # would write exp/bench.jsonl over its input
+    assert rc == 2 and "is the input" in err and "bench.jsonl" in err
+    assert b.read_bytes() == before
+
+
+def test_out_folder_is_refused(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    (tmp_path / "outdir").mkdir()
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "outdir")
+    assert rc == 2 and "outdir" in err and "is a folder" in err
+
+
+def test_out_device_is_refused(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", "/dev/null")
+    assert rc == 2 and "/dev/null" in err and "device" in err
+    assert Path("/dev/null").is_char_device()
+
+
+def test_out_symlink_is_refused(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    target = tmp_path / "precious.json"
+    target.write_text('{"keep": 1}')
+    (tmp_path / "link.json").symlink_to(target)
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "link.json")
+    assert rc == 2 and "symbolic link" in err and target.read_text() == '{"keep": 1}'
+
+
+def test_out_file_where_a_folder_is_written_is_refused(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    (tmp_path / "afile").write_text("x")
+    rc, err = run(capsys, "export", b, "--out", tmp_path / "afile")
+    assert rc == 2 and "must be a folder" in err and (tmp_path / "afile").read_text() == "x"
+
+
+# --- data loss: infer keeps every configuration ------------------------------------------------------------------
+
+def test_infer_keeps_other_configs_predictions(tmp_path, capsys):
+    b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
+    assert run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out, "--config", "seed=0")[0] == 0
+    first = read_jsonl(out)
+    assert run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out, "--config", "seed=1")[0] == 0
+    assert run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out, "--prompt-style", "radiologist")[0] == 0
+    rows = read_jsonl(out)
+    assert len(rows) == 18 and len({r["config_hash"] for r in rows}) == 3 and len({r["key"] for r in rows}) == 18
+    assert all(r in rows for r in first)                                      # the first run's rows, untouched
+    # the scorer reads the configuration written last
+    from spatialvqa.results import read_predictions
+    got = read_predictions(tmp_path, ["p"])["p"]
+    assert len(got) == 6 and {r["prompt_style"] for r in got} == {"radiologist"}
+
+
+def test_infer_refuses_unrelated_jsonl_unless_overwrite(tmp_path, capsys):
+    b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "notes.jsonl"
+    write_jsonl([{"note": "my own records"}], out)
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out)
+    assert rc == 2 and "notes.jsonl is not a predictions file" in err and "--overwrite" in err
+    assert read_jsonl(out) == [{"note": "my own records"}]
+    assert run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out, "--overwrite")[0] == 0
+    assert len(read_jsonl(out)) == 6
+
+
+def test_infer_finishing_keeps_other_configs_partial(tmp_path, capsys):
+    b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
+    # an interrupted run of seed 1: three answers in the partial log, nothing in `out`
+    other = tmp_path / "other.jsonl"
+    M.run_inference(M.make_adapter("random", {"seed": 1}), read_jsonl(b)[:3], other)
+    write_jsonl(read_jsonl(other), M.partial_path(out))
+    assert run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out, "--config", "seed=0")[0] == 0
+    assert len(read_jsonl(M.partial_path(out))) == 3                          # seed 1's partial rows are still there
+    s = M.run_inference(M.make_adapter("random", {"seed": 1}), read_jsonl(b), out)
+    assert (s.skipped, s.answered) == (3, 3) and not M.partial_path(out).exists()
+    assert len(read_jsonl(out)) == 12
+
+
+def test_infer_concurrent_run_is_status_2(tmp_path, capsys):
+    b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
+    with M._Lock(M.lock_path(out)):
+        rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out)
+    assert rc == 2 and "another run is writing this output" in err and "p.jsonl" in err
+
+
+def test_infer_lock_file_is_never_removed_while_held(tmp_path):
+    b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
+    lock = M.lock_path(out)
+    with M._Lock(lock) as held:
+        assert lock.exists()
+        ino = os.fstat(held.f.fileno()).st_ino
+    M.run_inference(M.make_adapter("random"), read_jsonl(b), out)
+    assert lock.exists() and os.stat(lock).st_ino == ino                       # the same file: never deleted and re-made
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.jsonl", "p.jsonl"]   # nothing beside the outputs
+
+
+# --- secrets ---------------------------------------------------------------------------------------------------------
+
+class EchoServer:
+    "An OpenAI-style server that echoes the request headers back: in the completion, in a non-JSON body, in odd JSON."
+    def __init__(self, mode: str = "completion"):
+        self.mode = mode
+
+    def __enter__(self):
+        srv = self
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a): pass
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                h = dict(self.headers)
+                echo = json.dumps({"Authorization": h.pop("Authorization", None), **h})   # the key first: never cut off
+                if srv.mode == "completion":
+                    data = json.dumps({"choices": [{"message": {"content": f"A (you sent {echo})"}, "finish_reason": "stop"}]})
+                elif srv.mode == "not-json": data = f"<html>proxy error, headers: {echo}</html>"
+                elif srv.mode == "unexpected": data = json.dumps({"echo": echo})
+                else: data = json.dumps({"error": echo}); self.send_response(400)
+                if srv.mode != "http-error": self.send_response(200)
+                self.send_header("Content-Length", str(len(data.encode())))
+                self.end_headers()
+                self.wfile.write(data.encode())
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        return self
+
+    def __exit__(self, *exc): self.httpd.shutdown(); self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["completion", "not-json", "unexpected", "http-error"])
+def test_echoing_server_key_never_reaches_predictions(tmp_path, capsys, monkeypatch, mode):
+    monkeypatch.setenv("HARDENING_API_KEY", KEY)
+    b, out = _bench(tmp_path / "b.jsonl", 3), tmp_path / "p.jsonl"
+    with EchoServer(mode) as srv:
+        rc, err = run(capsys, "infer", "--model", "echo", "--adapter", "openai", "--benchmark", b, "--out", out, "--max-retries", "0",
+                      "--config", f"model=m", f"base_url={srv.url}", "api_key_env=HARDENING_API_KEY", "max_attempts=1", "workers=1")
+    assert rc == 0, err
+    text = out.read_text()
+    assert KEY not in text and KEY[:12] not in text and KEY not in err
+    rows = read_jsonl(out)
+    field = "raw" if mode == "completion" else "error"
+    assert all("Bearer ***" in r[field] for r in rows), rows[0][field]          # the echo is there, the key masked
+
+
+def test_llm_error_paths_mask_the_key(monkeypatch):
+    from spatialvqa.llm import LLMError, OpenAICompatible
+    monkeypatch.setenv("HARDENING_API_KEY", KEY)
+    for mode in ("not-json", "unexpected", "http-error"):
+        with EchoServer(mode) as srv:
+            llm = OpenAICompatible("m", srv.url, api_key_env="HARDENING_API_KEY", max_attempts=1)
+            with pytest.raises(LLMError) as e: llm.complete("hi")
+        assert KEY not in str(e.value) and "Bearer ***" in str(e.value), (mode, str(e.value))
+
+
+@pytest.mark.parametrize("item", [f"api_key={KEY}", f"API-Key={KEY}", '{"extra_body": {"token": "t0ken-value"}}', "password=hunter22"])
+def test_api_key_in_config_is_refused(tmp_path, capsys, item):
+    b = _bench(tmp_path / "b.jsonl")
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "p.jsonl", "--config", item)
+    assert rc == 2 and "--config" in err and "api_key_env" in err and KEY not in err
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_api_key_in_params_yaml_is_refused(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    (tmp_path / "params.yaml").write_text(f"infer:\n  models:\n    gpt:\n      adapter: openai\n      config: {{model: m, Secret: {KEY}}}\n")
+    rc, err = run(capsys, "infer", "--model", "gpt", "--params", tmp_path / "params.yaml", "--benchmark", b, "--out", tmp_path / "p.jsonl")
+    assert rc == 2 and "infer.models.gpt.config.Secret" in err and "api_key_env" in err and KEY not in err
+
+
+@pytest.mark.parametrize("section,read", [
+    ("validate.llm", lambda cfg: __import__("spatialvqa.validate", fromlist=["x"]).LLMAnswerer(cfg)),
+    ("ctsvqa_score.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
+    ("ctsvqa_generate.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
+    ("infer.models.x", lambda cfg: M.model_entry("x", {"adapter": "openai", "config": cfg})),
+])
+def test_api_key_in_every_llm_config_section_is_refused(section, read):
+    for cfg in ({"backend": "openai", "model": "m", "api_key": KEY}, {"backend": "openai", "model": "m", "extra_body": {"Token": KEY}}):
+        with pytest.raises(SecretOptionError, match="api_key_env") as e: read(cfg)
+        assert KEY not in str(e.value)
+
+
+def test_stage_run_writes_the_key_nowhere(tmp_path, monkeypatch):
+    """The infer stage notebook run as DVC runs it (papermill), against a server that echoes the key back, with the key
+    in the environment: no file the run wrote, the executed notebook included, holds the key."""
+    monkeypatch.setenv("HARDENING_API_KEY", KEY)
+    b = _bench(tmp_path / "b.jsonl", 4)
+    with EchoServer("completion") as srv, EchoServer("not-json") as bad:
+        (tmp_path / "params.yaml").write_text(
+            "infer:\n  models:\n"
+            f"    echo: {{adapter: openai, config: {{model: m, base_url: '{srv.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n"
+            f"    broken: {{adapter: openai, max_retries: 0, config: {{model: m, base_url: '{bad.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n")
+        for model in ("echo", "broken"):
+            r = subprocess.run([sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(ROOT), "--log-level", "WARNING",
+                                "--no-progress-bar", str(ROOT / "nbs/stages/infer.ipynb"), str(tmp_path / f"infer_{model}.ipynb"),
+                                "-p", "model", model, "-p", "benchmark", str(b), "-p", "out", str(tmp_path / "pred" / f"{model}.jsonl"),
+                                "-p", "params_file", str(tmp_path / "params.yaml"), "-p", "cache_dir", str(tmp_path / "cache")],
+                               capture_output=True, text=True, env={**os.environ, "SPATIALVQA_PROGRESS": "0"})
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert KEY not in r.stdout + r.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name not in ("b.jsonl", "params.yaml")]
+    assert {p.name for p in written} >= {"infer_echo.ipynb", "infer_broken.ipynb", "echo.jsonl", "broken.jsonl"}
+    for p in written: assert KEY.encode() not in p.read_bytes() and KEY[:12].encode() not in p.read_bytes(), p
+    nb = (tmp_path / "infer_broken.ipynb").read_text()
+    assert "Bearer ***" in nb                                                   # the errors are printed, masked
+
+
+# --- wrong numbers: parse_number ------------------------------------------------------------------------------------
+
+def test_parse_negative_volume_is_not_read_as_positive():
+    from spatialvqa.parse import parse_number
+    from spatialvqa.scoring import score_predictions
+    assert parse_number("-12 mL").value == -12.0 and parse_number("The volume is −12 mL.").value == -12.0
+    rec = {"qid": "v", "format": "numeric", "task": "VOLEST", "answer_value": 12.0, "unit": "mL", "tolerance": 1.0, "scan_id": "s"}
+    row = score_predictions([rec], [{"qid": "v", "raw": "-12 mL", "error": None}], "m").iloc[0]
+    assert row["correct"] is False and row["mra"] == 0.0                       # -12 scores as wrong, not full credit
+
+
+def test_parse_decimal_comma_is_not_truncated():
+    from spatialvqa.parse import extract_number
+    assert extract_number("12,5 mL") == 12.5 and extract_number("about 3,14 L") == 3140.0
+
+
+def test_parse_decimal_comma_litres_are_not_zero():
+    from spatialvqa.parse import extract_number
+    assert extract_number("0,5 L") == 500.0 and extract_number("0,500 L") == 500.0
+
+
+def test_parse_thousands_separator_rule():
+    from spatialvqa.parse import extract_number, parse_number
+    assert [extract_number(t) for t in ("1,200 mL", "12,500 mL", "1,234,567 mm³")] == [1200.0, 12500.0, 1234.567]
+    assert parse_number("options 1,2,3 mL").status == "no_answer"                 # a list is not one number
+    assert extract_number("150-170 mL") == 160.0                                  # a hyphen after a number: a range
