@@ -231,7 +231,10 @@ def write_json(obj, path: str | os.PathLike, indent: int | None = 2) -> Path:
     return Path(path)
 
 def read_json(path: str | os.PathLike):
-    with open(path) as f: return json.load(f)
+    "The JSON value in `path`; malformed JSON is a ValueError naming the file, the line and the column."
+    with open(path, encoding="utf-8", errors="replace") as f:
+        try: return json.load(f)
+        except json.JSONDecodeError as e: raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 # %% ../nbs/00_core.ipynb #9b492a35
 def write_jsonl(records: Iterable[dict], path: str | os.PathLike) -> Path:

@@ -53,7 +53,8 @@ def judgment_key(r: dict) -> tuple[str, str, str]:
 
 def _vote(r: dict) -> bool | None:
     v = r.get("verdict", r.get("is_correct"))
-    return v if isinstance(v, bool) else None
+    if v is None or isinstance(v, bool): return v
+    raise ValueError(f"the verdict {v!r} on {judgment_key(r)[0][:60]!r} is not true, false or null")
 
 @dataclasses.dataclass
 class JuryResult:
@@ -68,8 +69,9 @@ class JuryResult:
     items: pd.DataFrame     # one row per scored question: qid, row, votes, n_votes, average, correct
 
     def summary(self) -> dict:
-        "The command line's record: model, count, jury_accuracy, misattributed."
-        return dict(model=self.model, count=self.count, jury_accuracy=self.jury_accuracy, misattributed=self.misattributed)
+        "The command line's record: model, count, jury_accuracy (None when nothing was scored), misattributed."
+        acc = None if self.count == 0 or math.isnan(self.jury_accuracy) else self.jury_accuracy
+        return dict(model=self.model, count=self.count, jury_accuracy=acc, misattributed=self.misattributed)
 
 # %% ../nbs/31_ctsvqa.ipynb #b527048b
 def _qid(p: dict, i: int) -> str: return str(p.get("qid") or i)
@@ -635,8 +637,15 @@ def _read_judgments(path) -> list[dict]:
         if "not a judge verdict file name" not in str(e): raise
         return read_ctsvqa_judgments(path, model="?", judge=Path(path).stem)
 
+def _predictions(path, fields) -> list[dict]:
+    "The prediction rows of `path`, each with `fields`; an empty file is an error (there is nothing to score)."
+    preds = read_jsonl(path, strict=True, require=fields)
+    if not preds: raise ValueError(f"{path}: no predictions (the file is empty)")
+    return preds
+
 def _cli_jury(a) -> int:
-    preds = read_jsonl(a.predictions, strict=True)
+    if not 0.0 <= a.threshold <= 1.0: raise ValueError(f"--threshold {a.threshold}: must be a number from 0 to 1")
+    preds = _predictions(a.predictions, ("question", "answer", "prediction"))
     res = jury_accuracy(preds, [_read_judgments(j) for j in a.judgments], a.align, _model_of(a), a.threshold)
     write_json(res.summary(), a.out)
     get_logger("cli").info("%s (%s join): jury accuracy %.4f over %d questions, %d misattributed verdicts -> %s",
@@ -644,9 +653,7 @@ def _cli_jury(a) -> int:
     return 0
 
 def _cli_text(a) -> int:
-    preds = read_jsonl(a.predictions, strict=True)
-    for i, r in enumerate(preds):
-        if "answer" not in r: raise ValueError(f"{a.predictions}: row {i} has no 'answer'")
+    preds = _predictions(a.predictions, ("answer",))
     res = text_metrics([r.get("prediction") for r in preds], [r.get("answer") for r in preds], lower=not a.keep_case,
                        skip_empty=not a.keep_empty, sbert=not a.no_sbert, meteor=not a.no_meteor,
                        sbert_model=a.sbert_model, batch_size=a.batch_size)

@@ -181,8 +181,10 @@ def read_ctsvqa_predictions(path: str | os.PathLike, questions: list[dict],
     return recs, rejected
 
 # %% ../nbs/30_reports.ipynb #a288b764
-def _verdict(v) -> bool | None:
-    return v if isinstance(v, bool) else None
+def _verdict(v, where: str = "verdict") -> bool | None:
+    "A judge's verdict: true or false, None when the judge gave none (null or absent); anything else is an error naming `where`."
+    if v is None or isinstance(v, bool): return v
+    raise ValueError(f"{where}: the verdict {v!r} is not true, false or null (a string or number is not a verdict)")
 
 def read_ctsvqa_judgments(path: str | os.PathLike, model: str | None = None, judge: str | None = None) -> list[dict]:
     "Verdict records of one judge file in file order: `model`, `judge`, `row`, `question`, `answer`, `prediction`, `verdict`, `reasoning`."
@@ -202,7 +204,7 @@ def read_ctsvqa_judgments(path: str | os.PathLike, model: str | None = None, jud
         pred = r.get("prediction")
         out.append(dict(model=model, judge=judge, row=row, question=(r.get("question") or "").strip(),
                         answer=(r.get("answer") or "").strip(), prediction="" if pred is None else str(pred),
-                        verdict=_verdict(r.get(key)), reasoning=r.get("reasoning")))
+                        verdict=_verdict(r.get(key), f"{path}: row {row} ({key})"), reasoning=r.get("reasoning")))
     return out
 
 # %% ../nbs/30_reports.ipynb #a9b95439

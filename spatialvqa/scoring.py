@@ -60,16 +60,33 @@ def _latest(predictions: Iterable[Mapping], model: str | None) -> dict[str, Mapp
     if dup: get_logger(__name__).info("%s: %d repeated predictions, the last of each kept", model or "predictions", dup)
     return out
 
-def score_predictions(records: Sequence[Mapping], predictions: Iterable[Mapping], model: str | None = None) -> pd.DataFrame:
+def _truth(r: Mapping, where: str) -> tuple[float, float | None]:
+    """(ground truth, tolerance) of a numeric record; a truth that is not a positive finite number (0, None, NaN, text)
+    or a tolerance that is not a finite number ≥ 0 is a ValueError naming the record: MRA divides by the truth."""
+    gt, tol = r.get("answer_value"), r.get("tolerance")
+    def num(v):
+        if isinstance(v, bool) or v is None: return None
+        try: v = float(v)
+        except (TypeError, ValueError): return None
+        return v if np.isfinite(v) else None
+    g = num(gt)
+    if g is None or g <= 0: raise ValueError(f"{where}: answer_value {gt!r} is not a positive number (a numeric question's truth)")
+    if tol is not None and (num(tol) is None or num(tol) < 0): raise ValueError(f"{where}: tolerance {tol!r} is not a number ≥ 0 or null")
+    return g, None if tol is None else num(tol)
+
+def score_predictions(records: Sequence[Mapping], predictions: Iterable[Mapping], model: str | None = None,
+                      source: str | os.PathLike | None = None) -> pd.DataFrame:
     """One row per benchmark record: `qid`, `base_qid`, `rotation`, `model`, `task`, `subtask`, `format`, `organ`,
     `tumour_type`, `scan_id`, `n_options`, `truth`, `status` (ok / no_answer / ambiguous / refused / error / missing),
     `note`, `pred`, `pred_letter`, `correct` (True/False, None when no answer was read), `mra` (numeric only),
     `question`, `options`, `raw`. `predictions` of other models than `model` are ignored; predictions for qids
-    not in `records` are listed in `.attrs["unmatched_predictions"]` and logged."""
+    not in `records` are listed in `.attrs["unmatched_predictions"]` and logged. A numeric record whose truth or tolerance
+    is unusable is an error naming its qid (and `source`, the benchmark file), whether or not it was answered."""
     preds = _latest(predictions, model)
     rows = []
     for r in records:
         qid = str(r["qid"])
+        if r.get("format") == "numeric": gt, tol = _truth(r, f"{source}: qid {qid}" if source else f"benchmark record {qid}")
         p = preds.get(qid)
         mc = r.get("format") != "numeric"
         row = dict(qid=qid, base_qid=r.get("base_qid") or base_qid(qid), rotation=int(r.get("rotation") or 0),
@@ -88,10 +105,8 @@ def score_predictions(records: Sequence[Mapping], predictions: Iterable[Mapping]
                 if res.ok and mc:
                     row.update(pred_letter=res.value, correct=res.value == row["truth"])
                 elif res.ok:
-                    gt = float(row["truth"])
                     row["mra"] = mra(res.value, gt)
-                    tol = r.get("tolerance")
-                    row["correct"] = None if tol is None else bool(abs(res.value - gt) <= float(tol))
+                    row["correct"] = None if tol is None else bool(abs(res.value - gt) <= tol)
         rows.append(row)
     df = pd.DataFrame(rows)
     df["correct"] = df["correct"].astype(object)

@@ -291,3 +291,137 @@ def test_parse_thousands_separator_rule():
     assert [extract_number(t) for t in ("1,200 mL", "12,500 mL", "1,234,567 mm³")] == [1200.0, 12500.0, 1234.567]
     assert parse_number("options 1,2,3 mL").status == "no_answer"                 # a list is not one number
     assert extract_number("150-170 mL") == 160.0                                  # a hyphen after a number: a range
+
+
+# --- wrong numbers: jury verdicts, empty predictions, bad benchmark records ------------------------------------------
+
+def _jury_files(tmp_path, verdict):
+    preds = tmp_path / "m3d_predictions_full.jsonl"
+    write_jsonl([{"question": "Q1", "answer": "A1", "prediction": "P1"}, {"question": "Q2", "answer": "A2", "prediction": "P2"}], preds)
+    judge = tmp_path / "m3d_gpt_eval.json"
+    judge.write_text(json.dumps([{"question": "Q1", "answer": "A1", "prediction": "P1", "is_correct": True},
+                                 {"question": "Q2", "answer": "A2", "prediction": "P2", "is_correct": verdict}]))
+    return preds, judge
+
+
+@pytest.mark.parametrize("verdict", ["true", "False", 1, 0.0, [True]])
+def test_jury_verdict_that_is_not_a_boolean_is_an_error(tmp_path, capsys, verdict):
+    preds, judge = _jury_files(tmp_path, verdict)
+    rc, err = run(capsys, "ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json")
+    assert rc == 2 and "m3d_gpt_eval.json: row 1" in err and "is not true, false or null" in err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_jury_null_verdict_is_no_vote(tmp_path, capsys):
+    preds, judge = _jury_files(tmp_path, None)
+    assert run(capsys, "ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json")[0] == 0
+    assert json.loads((tmp_path / "o.json").read_text())["count"] == 1
+
+
+@pytest.mark.parametrize("cmd", ["ctsvqa-jury", "ctsvqa-text"])
+def test_empty_predictions_file_is_a_clear_error(tmp_path, capsys, cmd):
+    preds, judge = _jury_files(tmp_path, True)
+    preds.write_text("")
+    extra = ["--judgments", judge] if cmd == "ctsvqa-jury" else ["--no-sbert", "--no-meteor"]
+    rc, err = run(capsys, cmd, "--predictions", preds, *extra, "--out", tmp_path / "o.json")
+    assert rc == 2 and "m3d_predictions_full.jsonl: no predictions" in err
+
+
+def test_empty_jury_result_writes_null_not_nan(tmp_path):
+    from spatialvqa.core import write_json
+    from spatialvqa.ctsvqa import jury_accuracy
+    res = jury_accuracy([], [[]], "key", "m")
+    write_json(res.summary(), tmp_path / "o.json")
+    text = (tmp_path / "o.json").read_text()
+    assert "NaN" not in text and json.loads(text)["jury_accuracy"] is None
+
+
+def test_json_writers_refuse_nan_and_infinity(tmp_path):
+    from spatialvqa.core import write_json, write_jsonl
+    write_jsonl([{"x": float("nan")}], tmp_path / "a.jsonl")
+    assert (tmp_path / "a.jsonl").read_text() == '{"x": null}\n'
+    with pytest.raises(ValueError, match="not valid JSON"): write_json({"x": float("inf")}, tmp_path / "b.json")
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_threshold_nan_is_rejected(tmp_path, capsys):
+    preds, judge = _jury_files(tmp_path, True)
+    for t in ("nan", "1.5", "-0.1"):
+        rc, err = run(capsys, "ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--threshold", t, "--out", tmp_path / "o.json")
+        assert rc == 2 and f"--threshold {float(t)}" in err
+
+
+def test_malformed_judgment_json_names_the_file(tmp_path, capsys):
+    preds, judge = _jury_files(tmp_path, True)
+    judge.write_text('[{"question": "Q1", "is_correct": tru')
+    rc, err = run(capsys, "ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json")
+    assert rc == 2 and "m3d_gpt_eval.json: not valid JSON" in err and "line 1" in err
+
+
+@pytest.mark.parametrize("bad,why", [({"answer_value": 0}, "answer_value 0 "), ({"answer_value": None}, "answer_value None"),
+                                     ({"answer_value": float("nan")}, "answer_value nan"), ({"answer_value": "abc"}, "answer_value 'abc'"),
+                                     ({"tolerance": "x"}, "tolerance 'x'")])
+def test_score_bad_benchmark_record_names_the_qid(bad, why):
+    from spatialvqa.scoring import score_predictions, toy_records
+    recs = toy_records(2, 2, 2)
+    i = next(i for i, r in enumerate(recs) if r["format"] == "numeric")
+    recs[i] = dict(recs[i], **bad)
+    preds = [{"qid": r["qid"], "raw": "A", "error": None} for r in recs]
+    with pytest.raises(ValueError, match=f"b.jsonl: qid {recs[i]['qid']}: {why}"): score_predictions(recs, preds, "m", source="b.jsonl")
+    with pytest.raises(ValueError, match=f"benchmark record {recs[i]['qid']}"): score_predictions(recs, [], "m")   # unanswered too
+
+
+# --- every fault: status 2 and a sentence ----------------------------------------------------------------------------
+
+def test_permission_error_on_out_is_status_2(tmp_path, capsys):
+    if os.geteuid() == 0:                                      # root ignores permissions: a read-only bind is not available
+        ro = Path("/proc/version")                             # a file nobody may replace
+        b = _bench(tmp_path / "b.jsonl")
+        rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", ro)
+        assert rc == 2 and "/proc/version" in err
+        return
+    d = tmp_path / "ro"; d.mkdir(); d.chmod(0o500)
+    b = _bench(tmp_path / "b.jsonl")
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", d / "p.jsonl")
+    assert rc == 2 and "Permission denied" in err
+
+
+def test_is_a_directory_and_file_exists_on_out_are_status_2(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl")
+    (tmp_path / "f").write_text("x")
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "f" / "p.jsonl")   # a file on the path
+    assert rc == 2 and "a folder on its path is a file" in err
+    rc, err = run(capsys, "phantom", "--out", tmp_path / "f", "-n", "1")                                          # a file where a folder goes
+    assert rc == 2 and "must be a folder" in err
+
+
+def test_jsonl_line_that_is_a_list_names_file_and_line(tmp_path, capsys):
+    b = tmp_path / "b.jsonl"
+    b.write_text('{"qid": "a", "question": "Q?"}\n[1, 2]\n')
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "p.jsonl")
+    assert rc == 2 and "b.jsonl:2: a record must be a JSON object, not list" in err
+
+
+def test_missing_field_names_file_line_and_field(tmp_path, capsys):
+    b = tmp_path / "b.jsonl"
+    b.write_text('{"qid": "a", "question": "Q?"}\n{"question": "no qid"}\n')
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "p.jsonl")
+    assert rc == 2 and "b.jsonl:2: the record has no field 'qid'" in err
+    p = tmp_path / "m3d_predictions_full.jsonl"
+    p.write_text('{"question": "Q", "prediction": "P"}\n')
+    rc, err = run(capsys, "ctsvqa-text", "--predictions", p, "--no-sbert", "--no-meteor", "--out", tmp_path / "o.json")
+    assert rc == 2 and "m3d_predictions_full.jsonl:1: the record has no field 'answer'" in err
+
+
+def test_duplicate_qids_name_the_qid_and_file(tmp_path, capsys):
+    b = _bench(tmp_path / "b.jsonl", 3)
+    b.write_text(b.read_text() + b.read_text().splitlines()[1] + "\n")
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "p.jsonl")
+    assert rc == 2 and "b.jsonl: the benchmark repeats the qid 'q1'" in err
+
+
+@pytest.mark.parametrize("limit", ["0", "-2"])
+def test_limit_zero_or_negative_is_rejected(tmp_path, capsys, limit):
+    b = _bench(tmp_path / "b.jsonl")
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "p.jsonl", "--limit", limit)
+    assert rc == 2 and f"--limit {limit}" in err and not (tmp_path / "p.jsonl").exists()
