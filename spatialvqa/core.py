@@ -32,8 +32,8 @@ import yaml
 __all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'SecretOptionError',
            'check_no_secrets', 'mask_secrets', 'get_logger', 'progress', 'OutputError', 'protect_inputs',
            'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl',
-           'read_jsonl', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map', 'stable_hash',
-           'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci',
+           'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map',
+           'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci',
            'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
@@ -276,6 +276,18 @@ def read_jsonl(path: str | os.PathLike, strict: bool = False, require: Sequence[
     return out
 
 # %% ../nbs/00_core.ipynb #44086722
+def read_records(path: str | os.PathLike, require: Sequence[str] = ("qid",)) -> list[dict]:
+    """The records of a benchmark-like JSON Lines file, strictly: every line an object with the fields `require`, and
+    no `qid` twice. Every fault is a ValueError naming the file (and the line, the field or the repeated qid)."""
+    recs = read_jsonl(path, strict=True, require=require)
+    seen = set()
+    for n, r in enumerate(recs, 1):
+        q = r.get("qid")
+        if q is None: continue
+        if q in seen: raise ValueError(f"{path}: the benchmark repeats the qid {q!r} (record {n})")
+        seen.add(q)
+    return recs
+
 def write_parquet(df, path: str | os.PathLike) -> Path:
     "Write a pandas DataFrame to parquet atomically."
     with atomic_write(path, "wb") as f: df.to_parquet(f, index=False)

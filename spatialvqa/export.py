@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .core import atomic_write, dumps, get_logger, read_jsonl, write_jsonl, write_parquet
+from .core import atomic_write, dumps, get_logger, read_jsonl, read_records, write_jsonl, write_parquet
 from . import parse, prompt, stats
 from .prompt import build_prompt
 from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, markdown_table
@@ -308,7 +308,7 @@ def export_all(records: Sequence[dict], out: str | os.PathLike, name: str = NAME
     return paths
 
 def _cli_export(a) -> int:
-    recs = read_jsonl(a.benchmark, strict=True)
+    recs = read_records(a.benchmark)
     if not recs: raise ValueError(f"{a.benchmark}: no questions")
     for k, p in export_all(recs, a.out, a.name, absolute=a.absolute).items(): print(f"{k}\t{p}")
     return 0

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 
 from .core import (OutputError, append_jsonl, check_no_secrets, check_output, get_logger, mask_secrets, progress,
-                             read_jsonl, stable_hash, thread_map, write_jsonl)
+                             read_jsonl, read_records, stable_hash, thread_map, write_jsonl)
 from .prompt import build_prompt
 from .questions import LETTERS, with_rotations
 
@@ -584,8 +584,7 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
     e = model_entry(model, entry)
     if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
         raise ValueError(f"--limit {limit}: the number of records must be at least 1 (leave it out for all)")
-    recs = read_jsonl(benchmark, strict=True, require=("qid",))
-    if dup := _repeated(str(r["qid"]) for r in recs): raise ValueError(f"{benchmark}: the benchmark repeats the qid {dup!r}")
+    recs = read_records(benchmark)
     if limit is not None: recs = recs[:int(limit)]
     if e["circular"]: recs = with_rotations(recs)
     cfg = {"name": model, **e["config"]}

@@ -552,7 +552,7 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     records = list(records)
     ids = [r["qid"] for r in records]
-    if len(ids) != len(set(ids)): raise ValueError("duplicate qids in the benchmark")
+    if len(ids) != len(set(ids)): raise ValueError(f"the benchmark repeats the qid {next(q for q in ids if ids.count(q) > 1)!r}")
     removed: list[dict] = []
     pool = records
     if plausible:
@@ -716,8 +716,8 @@ def write_validation(val: Validation, out: str | os.PathLike, results: str | os.
     return paths | {"report_csv": results / "filter_report.csv", "report_md": results / "filter_report.md"}
 
 def _cli_validate(a) -> int:
-    from spatialvqa.core import read_jsonl
-    recs = read_jsonl(a.benchmark, strict=True)
+    from spatialvqa.core import read_records
+    recs = read_records(a.benchmark)
     st = pd.read_parquet(a.structures) if a.structures else None
     sc = pd.read_parquet(a.scans) if a.scans else None
     val = validate(recs, st, sc, answerers=a.answerers, rule=a.rule, folds=a.folds, seed=a.seed, min_voxels=a.min_voxels,

@@ -1,0 +1,101 @@
+"""Every subcommand of `spatialvqa`, run as a user runs it (the console script, in its own process) on broken inputs:
+status 2, a message that names the file and the fault, and no traceback. The subcommands are read from
+`spatialvqa --help`, so a new subcommand without broken-input cases here fails `test_every_subcommand_has_cases`."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXE = Path(sys.executable).parent / "spatialvqa"
+
+# subcommand -> [(arguments, substrings the message must hold)]; {d} is a folder of broken inputs (see `broken`)
+CASES = {
+    "measure": [("{d}/broken.nii.gz --out {d}/o.json", ["broken.nii.gz", "corrupt"]),
+                ("{d}/broken.nii.gz --out {d}/broken.nii.gz", ["broken.nii.gz", "is the input"]),
+                ("{d}/broken.nii.gz --out {d}/emptydir", ["emptydir", "is a folder"])],
+    "fetch": [("nosuch --out {d}/f --offline --mirror ''", ["unknown source 'nosuch'"]),
+              ("pyradiomics --out {d}/afile --offline --mirror ''", ["afile", "must be a folder"])],
+    "phantom": [("--out {d}/afile -n 1", ["afile", "must be a folder"])],
+    "convert": [("msd {d}/emptydir --out {d}/c", ["emptydir/dataset.json", "no such file"]),
+                ("msd {d}/emptydir --out {d}/emptydir", ["emptydir", "is the input"])],
+    "ctsvqa-jury": [("--predictions {d}/list.jsonl --judgments {d}/bad.json --out {d}/o.json", ["list.jsonl:1", "no field 'question'"]),
+                    ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --out {d}/o.json", ["bad.json", "not valid JSON"]),
+                    ("--predictions {d}/preds.jsonl --judgments {d}/strverdict.json --out {d}/o.json", ["strverdict.json: row 0", "'true'"]),
+                    ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --threshold nan --out {d}/o.json", ["--threshold nan"]),
+                    ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --out {d}/preds.jsonl", ["preds.jsonl", "is the input"])],
+    "ctsvqa-text": [("--predictions {d}/list.jsonl --no-sbert --no-meteor --out {d}/o.json", ["list.jsonl:1", "no field 'answer'"]),
+                    ("--predictions {d}/empty.jsonl --no-sbert --no-meteor --out {d}/o.json", ["empty.jsonl", "no predictions"]),
+                    ("--predictions {d}/preds.jsonl --out /dev/null", ["/dev/null", "device"])],
+    "validate": [("{d}/list.jsonl --out {d}/v", ["list.jsonl:2", "not list"]),
+                 ("{d}/dup.jsonl --out {d}/v", ["dup.jsonl", "'q1'"])],
+    "reviews": [("{d}/sheet.csv", ["sheet.csv", "no qid column"]),
+                ("{d}/missing.csv", ["missing.csv", "No such file"])],
+    "export": [("{d}/list.jsonl --out {d}/e", ["list.jsonl:2", "not list"]),
+               ("{d}/list.jsonl --out {d}/list.jsonl", ["list.jsonl", "is the input"])],
+    "infer": [("--model random --benchmark {d}/list.jsonl --out {d}/p.jsonl", ["list.jsonl:2", "not list"]),
+              ("--model random --benchmark {d}/noqid.jsonl --out {d}/p.jsonl", ["noqid.jsonl:1", "no field 'qid'"]),
+              ("--model random --benchmark {d}/dup.jsonl --out {d}/p.jsonl", ["dup.jsonl", "repeats the qid 'q1' (record 2)"]),
+              ("--model random --benchmark {d}/dup.jsonl --out {d}/p.jsonl --limit 0", ["--limit 0"]),
+              ("--model random --benchmark {d}/dup.jsonl --out {d}/dup.jsonl", ["dup.jsonl", "is the input"]),
+              ("--model random --benchmark {d}/dup.jsonl --out {d}/link.jsonl", ["link.jsonl", "symbolic link"]),
+              ("--model random --benchmark {d}/dup.jsonl --out {d}/afile/p.jsonl", ["afile", "is a file"]),
+              ("--model nosuch --benchmark {d}/ok.jsonl --out {d}/p.jsonl", ["unknown model adapter 'nosuch'"]),
+              ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --config api_key=sk-abcdefgh12345678", ["--config.api_key", "api_key_env"])],
+    "ctrate-download": [("--questions {d}/list.jsonl --out {d}/d", ["list.jsonl:2", "not list"])],
+    "report-qa": [("--reports {d}/bad.json --out {d}/r.jsonl", ["bad.json", "not valid JSON"]),
+                  ("--reports {d}/bad.json --out {d}/bad.json", ["bad.json", "is the input"])],
+    "views": [("{d}/broken.nii.gz {d}/broken.nii.gz --structures liver --out {d}/vw", ["broken.nii.gz", "corrupt"])],
+}
+
+
+def _subcommands() -> list[str]:
+    h = subprocess.run([str(EXE), "--help"], capture_output=True, text=True, check=True).stdout
+    block = re.search(r"\{([a-z0-9,-]+)\}", h)
+    return block.group(1).split(",")
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    d = tmp_path_factory.mktemp("broken")
+    (d / "broken.nii.gz").write_bytes(b"not a nifti file")
+    (d / "list.jsonl").write_text('{"qid": "a"}\n[1, 2]\n')
+    (d / "noqid.jsonl").write_text('{"question": "Q?"}\n')
+    (d / "dup.jsonl").write_text('{"qid": "q1", "question": "Q?"}\n{"qid": "q1", "question": "Q?"}\n')
+    (d / "preds.jsonl").write_text('{"question": "Q", "answer": "A", "prediction": "P"}\n')
+    (d / "empty.jsonl").write_text("")
+    (d / "ok.jsonl").write_text('{"qid": "q1", "format": "mc", "question": "Q?", "options": ["a", "b"]}\n')
+    (d / "bad.json").write_text('[{"question": "Q", ')
+    (d / "strverdict.json").write_text('[{"question": "Q", "answer": "A", "prediction": "P", "is_correct": "true"}]')
+    (d / "sheet.csv").write_text("a,b\n1,2\n")
+    (d / "afile").write_text("x")
+    (d / "emptydir").mkdir()
+    (d / "link.jsonl").symlink_to(d / "preds.jsonl")
+    return d
+
+
+def test_every_subcommand_has_cases():
+    subs = _subcommands()
+    assert len(subs) >= 13
+    assert not set(subs) - set(CASES), f"subcommands without broken-input cases in {__file__}: {sorted(set(subs) - set(CASES))}"
+    assert not set(CASES) - set(subs), f"cases for subcommands that no longer exist: {sorted(set(CASES) - set(subs))}"
+
+
+@pytest.mark.parametrize("cmd", sorted(CASES))
+def test_subcommand_on_broken_input_is_status_2_with_a_sentence(cmd, broken):
+    if cmd not in _subcommands(): pytest.fail(f"{cmd} is not a subcommand of `spatialvqa --help`")
+    keep = {p.name: p.read_bytes() for p in broken.iterdir() if p.is_file() and not p.is_symlink()}
+    for args, want in CASES[cmd]:
+        argv = [a.replace("{d}", str(broken)) if a != "''" else "" for a in args.split()]
+        r = subprocess.run([str(EXE), cmd, *argv], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "SPATIALVQA_PROGRESS": "0"})
+        assert r.returncode == 2, (args, r.returncode, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        line = [l for l in r.stderr.splitlines() if l.startswith(f"spatialvqa {cmd}: error: ")]
+        assert len(line) == 1, (args, r.stderr[-2000:])
+        for w in want: assert w in line[0], (args, w, line[0])
+        assert "sk-abcdefgh12345678" not in r.stderr + r.stdout
+    # no broken input was changed by any of the commands
+    assert {p.name: p.read_bytes() for p in broken.iterdir() if p.is_file() and not p.is_symlink() and p.name in keep} == keep
