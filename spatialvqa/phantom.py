@@ -27,8 +27,8 @@ __all__ = ['DEFAULT_RATES', 'VARIANTS', 'TUMOUR_KINDS', 'HU', 'PHASES', 'LIVER_E
            'VARIANT_PHRASES', 'PHANTOM_VERSION', 'FORMATS', 'ATLAS_STRUCTURES', 'RELATIONS', 'Grid', 'make_grid',
            'Shape', 'rotation', 'wobble', 'blob', 'tube', 'mirror', 'variant_names', 'Body', 'fit_scale', 'label_stats',
            'size_findings', 'lesion_location', 'write_report', 'orientations', 'orient', 'Subject', 'make_subject',
-           'show_subject', 'write_subject', 'subject_seed', 'cohort_variants', 'make_cohort', 'read_cohort',
-           'cohort_variation', 'atlas_agreement', 'atlas_summary', 'cohort_summary']
+           'show_subject', 'write_subject', 'CohortError', 'subject_seed', 'cohort_variants', 'make_cohort',
+           'read_cohort', 'cohort_variation', 'atlas_agreement', 'atlas_summary', 'cohort_summary']
 
 # %% ../nbs/14_phantom.ipynb #6f322741
 @dataclasses.dataclass(frozen=True)
@@ -1228,6 +1228,9 @@ def write_subject(subject: Subject, outdir: str | os.PathLike, orientation: str 
                 variants=",".join(subject.truth["variants"]))
 
 # %% ../nbs/14_phantom.ipynb #301ccf7b
+class CohortError(RuntimeError):
+    "Subjects of a cohort that could not be made; the message lists each with its error (e.g. a file where a folder goes)."
+
 def subject_seed(seed: int, index: int) -> int:
     "The seed of subject `index` of a cohort drawn with `seed`."
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
@@ -1282,7 +1285,7 @@ def make_cohort(outdir: str | os.PathLike, n_subjects: int = 12, seed: int = 0, 
                  max_lesions=int(max_lesions)) for i in range(n_subjects)]
     res = parallel_map(_cohort_job, jobs, workers=workers, scheduler=scheduler, desc="phantoms")
     bad = [f"{r.item['subject_id']}: {r.error}" for r in res if not r.ok]
-    if bad: raise RuntimeError(f"{len(bad)} phantom subject(s) failed:\n" + "\n".join(bad))
+    if bad: raise CohortError(f"{outdir}: {len(bad)} phantom subject(s) failed:\n" + "\n".join(bad))
     entries = [dict(r.value, cohort_seed=int(seed)) for r in res]
     write_json(entries, outdir / "cohort.json")
     get_logger(__name__).info("wrote %d phantom subjects to %s", len(entries), outdir)

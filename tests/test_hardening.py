@@ -425,3 +425,10 @@ def test_limit_zero_or_negative_is_rejected(tmp_path, capsys, limit):
     b = _bench(tmp_path / "b.jsonl")
     rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "p.jsonl", "--limit", limit)
     assert rc == 2 and f"--limit {limit}" in err and not (tmp_path / "p.jsonl").exists()
+
+
+def test_file_exists_error_under_out_is_status_2(tmp_path, capsys):
+    (tmp_path / "ph").mkdir()
+    (tmp_path / "ph" / "phantom_000").write_text("a file where a subject folder goes")
+    rc, err = run(capsys, "phantom", "--out", tmp_path / "ph", "-n", "1", "--workers", "0")
+    assert rc == 2 and "phantom_000: FileExistsError" in err and "ph" in err
