@@ -30,8 +30,8 @@ from .questions import LETTERS, with_rotations
 log = get_logger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'BUILTIN_PLUGINS', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput',
-           'Adapter', 'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
+__all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput', 'Adapter',
+           'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
            'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
            'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli']
@@ -60,12 +60,10 @@ class PredictionError(RuntimeError):
 ADAPTERS: dict[str, type] = {}
 PLUGIN_GROUP = "spatialvqa.adapters"     # entry points naming modules that register adapters, loaded on demand
 
-BUILTIN_PLUGINS = ("spatialvqa.vlm",)   # our own adapter modules: found even where the installed metadata is older than the code
-
 def plugin_modules() -> list[str]:
-    "Our own adapter modules plus those declared in the `spatialvqa.adapters` entry-point group of the installed packages."
+    "The modules declared in the `spatialvqa.adapters` entry-point group of the installed packages (`make setup` reinstalls when pyproject.toml changes)."
     from importlib.metadata import entry_points
-    return sorted({*BUILTIN_PLUGINS, *(ep.value for ep in entry_points(group=PLUGIN_GROUP))})
+    return sorted({ep.value for ep in entry_points(group=PLUGIN_GROUP)})
 
 def register(name: str):
     "Class decorator: file an adapter class under `name` in `ADAPTERS` (its `kind` becomes `name`)."
