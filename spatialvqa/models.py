@@ -63,7 +63,7 @@ ADAPTERS: dict[str, type] = {}
 PLUGIN_GROUP = "spatialvqa.adapters"     # entry points naming modules that register adapters, loaded on demand
 
 def plugin_modules() -> list[str]:
-    "The modules declared in the `spatialvqa.adapters` entry-point group of the installed packages."
+    "The modules declared in the `spatialvqa.adapters` entry-point group of the installed packages (`make setup` reinstalls when pyproject.toml changes)."
     from importlib.metadata import entry_points
     return sorted({ep.value for ep in entry_points(group=PLUGIN_GROUP)})
 
