@@ -68,12 +68,14 @@ def model_scope(records: Sequence[Mapping], entry: Mapping | None = None) -> set
     return {str(r["qid"]) for r in records if set(r.get("scan_ids") or [r["scan_id"]]) <= set(cohort)}
 
 def score_models(records: Sequence[Mapping], predictions: Mapping[str, Sequence[Mapping]],
-                 scopes: Mapping[str, set | None] | None = None, circular: Sequence[str] = ()) -> pd.DataFrame:
+                 scopes: Mapping[str, set | None] | None = None, circular: Sequence[str] = (),
+                 source: str | os.PathLike | None = None) -> pd.DataFrame:
     """All models' `score_predictions` rows in one frame (`model` column, models in the given order) with `in_scope`;
-    models in `circular` are also scored on every option rotation of the multiple-choice records (`rotation` ≥ 1)."""
+    models in `circular` are also scored on every option rotation of the multiple-choice records (`rotation` ≥ 1).
+    `source` (the benchmark file) is named in the error about an unusable record."""
     frames, rot = [], rotations(records) if circular else []
     for m, preds in predictions.items():
-        df = score_predictions([*records, *rot] if m in set(circular) else records, preds, m)
+        df = score_predictions([*records, *rot] if m in set(circular) else records, preds, m, source=source)
         scope = (scopes or {}).get(m)
         df["in_scope"] = True if scope is None else df["base_qid"].isin(scope)     # a rotated copy shares its question's scope
         frames.append(df)

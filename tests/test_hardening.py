@@ -371,6 +371,18 @@ def test_score_bad_benchmark_record_names_the_qid(bad, why):
     with pytest.raises(ValueError, match=f"benchmark record {recs[i]['qid']}"): score_predictions(recs, [], "m")   # unanswered too
 
 
+def test_score_stage_names_the_benchmark_file():
+    "The score stage scores through results.score_models, which passes the benchmark file on to the error."
+    from spatialvqa.results import score_models
+    from spatialvqa.scoring import toy_records
+    recs = toy_records(2, 2, 2)
+    i = next(i for i, r in enumerate(recs) if r["format"] == "numeric")
+    recs[i] = dict(recs[i], answer_value=None)
+    preds = {"m": [{"qid": r["qid"], "raw": "A", "error": None} for r in recs]}
+    with pytest.raises(ValueError, match=f"validated.jsonl: qid {recs[i]['qid']}"):
+        score_models(recs, preds, source="data/benchmark/validated.jsonl")
+
+
 # --- every fault: status 2 and a sentence ----------------------------------------------------------------------------
 
 def test_permission_error_on_out_is_status_2(tmp_path, capsys):
