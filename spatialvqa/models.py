@@ -34,7 +34,8 @@ __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICT
            'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
            'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
-           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli']
+           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli',
+           'free_text_config']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -314,7 +315,8 @@ class ReplayAdapter(BaseAdapter):
             rows = read_jsonl(p)
             if rows and "qid" not in rows[0] and "prediction" in rows[0]:         # a CT-SpatialVQA release file
                 from spatialvqa.reports import read_ctsvqa_predictions
-                recs, rejected = read_ctsvqa_predictions(p, [r for r in records if "volume" in r], model=self.config["model"])
+                named = [dict(r, volume=r.get("ct_rate_volume") or r["volume"]) for r in records if r.get("ct_rate_volume") or r.get("volume")]
+                recs, rejected = read_ctsvqa_predictions(p, named, model=self.config["model"])
                 if rejected: log.warning("%s: %d rows match no question (first: %s)", p, len(rejected), rejected[0]["reason"])
                 by.update({r["qid"]: r["prediction"] for r in recs})
                 continue
@@ -544,7 +546,10 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
     if limit: recs = recs[:int(limit)]
     if e["circular"]: recs = with_rotations(recs)
     cfg = {"name": model, **e["config"]}
-    if e["adapter"] == "oracle" and root is not None: cfg.setdefault("root", str(root))
+    if e["adapter"] in ("oracle", "report_oracle") and root is not None: cfg.setdefault("root", str(root))
+    if recs and all(r.get("format") == "text" for r in recs):          # free-text (Track B) records
+        if e["prompt_style"] == "default": e["prompt_style"] = "free_text"
+        cfg = free_text_config(e["adapter"], cfg)
     adapter = make_adapter(e["adapter"], cfg)
     inputs = make_inputs(e["representation"], index=e["index"], cache_dir=cache_dir, root=root)
     return run_inference(adapter, recs, out, inputs, batch_size=e["batch_size"], max_retries=e["max_retries"],
@@ -588,3 +593,18 @@ def add_cli(subparsers) -> None:
     p.add_argument("--limit", type=int, help="only the first N records")
     p.add_argument("--circular", action="store_true", default=None, help="also answer every option rotation (circular evaluation)")
     p.set_defaults(func=_cli_infer)
+
+# %% ../nbs/41_models.ipynb #4cbb6a64
+def free_text_config(adapter: str, config: Mapping) -> dict:
+    "`config` with upstream CT-SpatialVQA's decoding (`prompt.FREE_TEXT_GENERATION`) for every key adapter `adapter` accepts and `config` lacks."
+    import inspect
+    from spatialvqa.prompt import FREE_TEXT_GENERATION
+    cls = ADAPTERS.get(adapter)
+    if cls is None:
+        for mod in plugin_modules():
+            try: importlib.import_module(mod)
+            except ModuleNotFoundError: pass
+        cls = ADAPTERS.get(adapter)
+    if cls is None: return dict(config)
+    known = {p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
+    return {**{k: v for k, v in FREE_TEXT_GENERATION.items() if k in known}, **dict(config)}

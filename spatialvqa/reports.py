@@ -26,13 +26,13 @@ __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_A
            'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume', 'ctsvqa_qid', 'normalise_categories',
            'read_ctsvqa_questions', 'read_ctsvqa_predictions', 'read_ctsvqa_judgments', 'read_ctsvqa_reports',
            'read_ctrate_reports', 'read_ctrate_metadata', 'fix_ctrate_volume', 'ctrate_path', 'hf_downloader',
-           'volumes_of', 'download_ctrate', 'split_report_sections', 'read_phantom_reports', 'classify_categories',
-           'category_cues', 'spatial_decision', 'is_spatial', 'heldout', 'multilabel_scores', 'binary_scores',
-           'qa_text', 'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw', 'published_filter_labels',
-           'read_human_disagreements', 'split_sentences', 'extract_facts', 'qa_from_fact', 'rule_qa_for_report',
-           'generate_rule_qa', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs', 'llm_generate_qa',
-           'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage', 'category_mix',
-           'plot_category_mix', 'add_cli']
+           'volumes_of', 'download_ctrate', 'ctsvqa_benchmark', 'split_report_sections', 'read_phantom_reports',
+           'classify_categories', 'category_cues', 'spatial_decision', 'is_spatial', 'heldout', 'multilabel_scores',
+           'binary_scores', 'qa_text', 'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw',
+           'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'extract_facts', 'qa_from_fact',
+           'rule_qa_for_report', 'generate_rule_qa', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs',
+           'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage',
+           'category_mix', 'plot_category_mix', 'add_cli']
 
 # %% ../nbs/30_reports.ipynb #00c7c1c4
 JUDGE_ORDER = ("gemini2.5", "gpt", "qwen")  # upstream's order of judge files (its first judge names the rows)
@@ -355,6 +355,25 @@ def download_ctrate(volumes: Iterable[str], out: str | os.PathLike, *, metadata:
             rejected.append(dict(volume=v, reason=f"{src}: {type(e).__name__}: {e}"))
             log.warning("CT-RATE %s: %s", v, rejected[-1]["reason"])
     return sorted(recs, key=lambda r: r["volume"]), rejected
+
+# %% ../nbs/30_reports.ipynb #a4f5de9c
+def ctsvqa_benchmark(questions: Iterable[dict], ctrate_root: str | os.PathLike | None) -> tuple[list[dict], list[dict]]:
+    """(records, absent): one Track B benchmark record per CT-SpatialVQA question record (none dropped), `volume` the
+    file in `ctrate_root` in `ctrate-download`'s layout (None when absent, or when no root is set); `absent`: one
+    `{volume, path, questions}` per missing volume."""
+    root = Path(ctrate_root) if ctrate_root not in (None, "", "none", "null") else None
+    recs, missing = [], {}
+    for q in questions:
+        name = ctsvqa_volume(q["volume"])
+        path = root / ctrate_path(name, fixed=True) if root is not None else None
+        ok = path is not None and path.is_file()
+        if not ok:
+            m = missing.setdefault(name, dict(volume=name, path=None if path is None else str(path), questions=0))
+            m["questions"] += 1
+        recs.append(dict(qid=q["qid"], question=q["question"], answer=q["answer"], categories=list(q.get("categories") or []),
+                         format="text", ct_rate_volume=name, volume=str(path) if ok else None,
+                         volume_status="present" if ok else ("absent" if root is not None else "no CT-RATE root set")))
+    return recs, sorted(missing.values(), key=lambda m: m["volume"])
 
 # %% ../nbs/30_reports.ipynb #2b5d86d4
 _SECTION = re.compile(r"^\s*(TECHNIQUE|CLINICAL INFORMATION|FINDINGS|IMPRESSIONS?|CONCLUSIONS?)\s*:\s*(.*)$", re.I)
