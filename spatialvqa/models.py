@@ -13,6 +13,7 @@ import importlib
 import math
 import mimetypes
 import os
+import re
 import signal
 import threading
 import time
@@ -35,7 +36,7 @@ __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICT
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
            'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
            'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli',
-           'free_text_config']
+           'free_text_config', 'ReportOracleAdapter', 'AnswerPriorAdapter', 'VolumeSideAdapter']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -608,3 +609,83 @@ def free_text_config(adapter: str, config: Mapping) -> dict:
     if cls is None: return dict(config)
     known = {p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
     return {**{k: v for k, v in FREE_TEXT_GENERATION.items() if k in known}, **dict(config)}
+
+# %% ../nbs/41_models.ipynb #44f39ecd
+def _resolve(path: str, root: str | None) -> Path:
+    p = Path(path)
+    return Path(root) / p if root and not p.is_absolute() else p
+
+@register("report_oracle")
+class ReportOracleAdapter(BaseAdapter):
+    """Track B's upper bound: reads the report a free-text record came from (`report`, a path) and answers with what
+    the report-grounded generator (`reports.twin_qa_for_report`) reads in it for the same question."""
+    runtime = ("root",)
+
+    def __init__(self, root: str | None = None, **kw):
+        super().__init__(root=root, **kw)
+        self._reports: dict[str, dict[str, str]] = {}
+
+    def answer(self, inp: ModelInput) -> str:
+        from spatialvqa.reports import split_report_sections, twin_qa_for_report
+        r = inp.record
+        if not r.get("report"): raise PredictionError(f"report_oracle: {r['qid']} names no report")
+        p = str(_resolve(r["report"], self.config["root"]))
+        if p not in self._reports:
+            rep = dict(volume=r.get("scan_id") or "report", **split_report_sections(Path(p).read_text()))
+            self._reports[p] = {q["question"].strip().lower(): q["answer"] for q in twin_qa_for_report(rep)}
+        a = self._reports[p].get(str(r["question"]).strip().lower())
+        if a is None: raise PredictionError(f"report_oracle: the report {p} does not answer {r['question']!r}")
+        return a
+
+@register("answer_prior")
+class AnswerPriorAdapter(BaseAdapter):
+    """Track B's blind baseline: the most common reference answer of similar questions (`ctsvqa.AnswerPrior`), learned on
+    the other folds of scans (`group`: a record field; cross-fitted, so no question sees its own answer)."""
+
+    def __init__(self, folds: int = 5, seed: int = 0, group: str = "scan_id", **kw):
+        super().__init__(folds=int(folds), seed=int(seed), group=str(group), **kw)
+        self._preds: dict[str, str] | None = None
+
+    def prepare(self, records: Sequence[dict]) -> None:
+        from spatialvqa.ctsvqa import AnswerPrior
+        from spatialvqa.stats import cross_fit
+        g = self.config["group"]
+        key = lambda r: r.get(g) or r.get("ct_rate_volume") or r["qid"].split("::")[0]
+        preds, _ = cross_fit(list(records), lambda tr, te: AnswerPrior().fit(tr).predict(te), key, self.config["folds"], self.config["seed"])
+        self._preds = {r["qid"]: p for r, p in zip(records, preds)}
+
+    def answer(self, inp: ModelInput) -> str:
+        if self._preds is None or inp.record["qid"] not in self._preds:
+            raise PredictionError(f"{self.name}: no cross-fitted answer for {inp.record['qid']} (prepare() was not given it)")
+        return self._preds[inp.record["qid"]]
+
+_SIDE_Q = re.compile(r"\b(?:right or the left|which side|which kidney|which renal fossa|which hepatic lobe)\b", re.I)
+
+@register("volume_side")
+class VolumeSideAdapter(BaseAdapter):
+    """A tiny image model that proves the volume path: it loads each record's 3D input (the `volume:<preset>` array,
+    M3D's (1, D, H, W) with columns running patient right -> left) and answers side questions with the brighter half
+    of the body (mean intensity); other questions get no answer. `call_log` records (qid, preset, shape) per volume."""
+    runtime = ("call_log",)
+
+    def __init__(self, preset: str = "m3d", call_log: str | None = None, **kw):
+        super().__init__(preset=str(preset), call_log=call_log, **kw)
+
+    def answer(self, inp: ModelInput) -> str:
+        import numpy as np
+        items = (inp.meta or {}).get("items") or [{}]
+        if inp.volume is None or items[0].get("preset") != self.config["preset"]:
+            raise PredictionError(f"{self.name}: needs representation volume:{self.config['preset']}, got {inp.meta.get('representation')}")
+        a = np.load(inp.volume)
+        if self.config["call_log"]:
+            append_jsonl({"qid": inp.record["qid"], "preset": items[0]["preset"], "shape": list(a.shape), "volume": inp.volume,
+                          "pid": os.getpid()}, self.config["call_log"])
+        q = str(inp.record["question"])
+        if not _SIDE_Q.search(q): return ""
+        w = a.shape[-1]
+        side = "right" if a[..., : w // 2].mean() >= a[..., w - w // 2:].mean() else "left"   # column 0 = patient right
+        ql = q.lower()
+        if "which kidney" in ql: return f"The {side} kidney."
+        if "renal fossa" in ql: return f"The {side} renal fossa."
+        if "hepatic lobe" in ql: return f"The {side} hepatic lobe."
+        return f"On the {side}."

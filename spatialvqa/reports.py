@@ -29,10 +29,10 @@ __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_A
            'volumes_of', 'download_ctrate', 'ctsvqa_benchmark', 'split_report_sections', 'read_phantom_reports',
            'classify_categories', 'category_cues', 'spatial_decision', 'is_spatial', 'heldout', 'multilabel_scores',
            'binary_scores', 'qa_text', 'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw',
-           'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'extract_facts', 'qa_from_fact',
-           'rule_qa_for_report', 'generate_rule_qa', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs',
-           'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage',
-           'category_mix', 'plot_category_mix', 'add_cli']
+           'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'positive_part', 'extract_facts',
+           'qa_from_fact', 'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report', 'qa_generation_prompt',
+           'judge_prompt', 'parse_qa_pairs', 'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens',
+           'token_jaccard', 'coverage', 'category_mix', 'plot_category_mix', 'add_cli']
 
 # %% ../nbs/30_reports.ipynb #00c7c1c4
 JUDGE_ORDER = ("gemini2.5", "gpt", "qwen")  # upstream's order of judge files (its first judge names the rows)
@@ -616,6 +616,17 @@ _MODIFIER = re.compile(r"(?:\b(?:\d+(?:[.,]\d+)?(?:\s*[x×]\s*\d+(?:[.,]\d+)?)?\
 _NEGATIVE = re.compile(r"^\s*(?:no|none|neither|there (?:is|are|was|were) no)\b|\bnot\s+(?:been\s+)?(?:detected|observed|seen|identified|found|"
                        r"present|noted|visualized)\b|\b(?:regress(?:ed|ion)|resolved|disappeared)\b|\bno\s+[^.;]{0,120}?\b(?:was|were|is|are)\s+(?:detected|observed|seen|identified)\b", re.I)
 _OBJECT_OF = re.compile(r"\b(?:adjacent to|around|near|next to|accompanying|accompanied by|with|to|into|from|than|of)\s+(?:the\s+|a\s+|an\s+)?(?:[\w-]+\s+){0,2}$", re.I)
+# a negation cue anywhere in a sentence: the clause that holds it, and everything after it, says nothing positive
+_NEG_CUE = re.compile(r"\b(?:no|not|without|none|neither|nor|absent|absence of|free of|negative for|ruled out|excluded|rather than)\b", re.I)
+_CLAUSE_END = re.compile(r"[,;:(]|\s(?:but|whereas|while|and)\s", re.I)
+
+def positive_part(sentence: str) -> str:
+    "The part of `sentence` before the clause that holds its first negation cue ('' when the negated clause comes first)."
+    m = _NEG_CUE.search(sentence)
+    if not m: return sentence
+    ends = [x.start() for x in _CLAUSE_END.finditer(sentence, 0, m.start())]
+    return sentence[:ends[-1]].strip(" ,;:") if ends else ""
+
 _ANAPHOR = re.compile(r"^\s*(?:it|they|these|this|the (?:described |mentioned )?(?:findings?|changes|appearances?|lesions?|areas?))\b", re.I)
 
 _SIDE_PHRASE = re.compile(r"\b(?:(?:in|of|on)\s+)?(?:the\s+)?(?P<side>right|left|both|bilateral(?:ly)?)\b", re.I)
@@ -675,6 +686,8 @@ def extract_facts(sentence: str, previous: dict | None = None) -> list[dict]:
     a sentence that refers back (`It is located peripherally`) uses `previous`'s finding."""
     s = " ".join(sentence.split())
     if _NEGATIVE.search(s): return []
+    s = positive_part(s)                # a negated clause (and what follows it) never becomes a fact
+    if not s: return []
     subjects = [x for x in _FINDING.finditer(s) if not _OBJECT_OF.search(s[max(0, x.start() - 40):x.start()])]
     m = subjects[0] if subjects else None
     if m:   # what the sentence says up to the next finding it names is about this one
@@ -824,6 +837,81 @@ def rule_qa_for_report(report: dict, max_per_report: int = 10, sections: Sequenc
 def generate_rule_qa(reports: Iterable[dict], max_per_report: int = 10, sections: Sequence[str] = ("findings", "impressions")) -> list[dict]:
     "Rule-based spatial QA records for every report (deterministic; no model)."
     return [r for rep in reports for r in rule_qa_for_report(rep, max_per_report, sections)]
+
+# %% ../nbs/30_reports.ipynb #b84e1382
+_SIZE = r"(?P<size>\d+(?:\.\d+)?\s*(?:mm|cm))"
+_LESION = re.compile(r"(?:^|\b(?:an?|there is an?(?:\s+ill-defined)?)\s+)" + _SIZE + r"\s+(?P<desc>(?:[a-z-]+\s+){0,2}?)"
+                     r"(?P<kind>nodule|mass|lesion)\s+in\s+the\s+(?P<loc>[^.;,]+)", re.I)
+_KIDNEY_LENGTHS = re.compile(r"\(right (?P<r>\d+(?:\.\d+)?) cm, left (?P<l>\d+(?:\.\d+)?) cm craniocaudal\)", re.I)
+_KIDNEY_STATE = re.compile(r"\bthe (?P<side>right|left) kidney is (?P<rest>[^.]+)", re.I)
+_FOSSA = re.compile(r"\bthe (?P<side>right|left) renal fossa is empty", re.I)
+_SITUS_INV = re.compile(r"\bthe (?P<left>[^;]+?) lies? on the left, the (?P<right>[^.;]+?) on the right", re.I)
+
+def _lesion_organ(kind: str, loc: str) -> str:
+    l = loc.lower()
+    if "hepatic" in l or "liver" in l: return "liver"
+    if "kidney" in l or "renal" in l: return "kidney"
+    if "pancrea" in l: return "pancreas"
+    if "splen" in l or "spleen" in l: return "spleen"
+    return "lung" if "lobe" in l else l.split()[-1]
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in re.split(r",\s*|\s+and\s+", text) if x.strip()]
+
+def twin_qa_for_report(report: dict, sections: Sequence[str] = ("findings", "impressions")) -> list[dict]:
+    """Report-grounded spatial QA records of one phantom report (`volume` and its sections), from the report's own
+    sentences: where each lesion lies (location, side, organ, upper/lower part), which kidney is longer, small,
+    enlarged, ectopic or removed, and which side each organ of a situs inversus lies on. Negated clauses are never
+    read (`positive_part`); each question is asked once per report, with its evidence sentence."""
+    out, seen_q, seen_lesion = [], set(), set()
+    def add(template, q, a, sent):
+        if q.lower() in seen_q: return
+        seen_q.add(q.lower())
+        out.append(dict(template=template, question=q, answer=_sentence(a), evidence=sent))
+    for sec in sections:
+        for sent in split_sentences(report.get(sec) or ""):
+            pos = positive_part(" ".join(sent.split()))
+            if not pos: continue
+            for m in _LESION.finditer(pos):
+                kind, loc = m["kind"].lower(), " ".join(m["loc"].split()).lower()
+                if (kind, loc) in seen_lesion: continue
+                seen_lesion.add((kind, loc))
+                desc = " ".join(m["desc"].lower().split()).replace("pulmonary ", "").replace("liver ", "").replace("splenic ", "")
+                subj = f"the {' '.join(m['size'].split())} {desc + ' ' if desc else ''}{kind}"
+                organ = _lesion_organ(kind, loc)
+                add("lesion_where", f"Where is {subj}?", f"In the {loc}", sent)
+                add("lesion_organ", f"Which organ contains {subj}?", f"The {organ}", sent)
+                side = re.search(r"\b(right|left)\b", loc)
+                if side and organ != "liver": add("lesion_side", f"Is {subj} on the right or the left side?", f"On the {side[1]}", sent)
+                if organ == "liver" and side: add("lesion_lobe", f"Which hepatic lobe contains {subj}?", f"The {side[1]} hepatic lobe", sent)
+                level = re.search(r"\b(upper|lower)\b", loc)
+                part = "lobe" if organ == "lung" else "pole"
+                if level: add("lesion_level", f"Is {subj} in an upper or a lower {part}?", f"In the {level[1]} {part}", sent)
+                if organ == "pancreas":
+                    p = re.search(r"\b(head|body|tail)\b", loc)
+                    if p: add("lesion_part", f"Which part of the pancreas contains {subj}?", f"The pancreatic {p[1]}", sent)
+            if m := _KIDNEY_LENGTHS.search(pos):
+                r, l = float(m["r"]), float(m["l"])
+                if abs(r - l) >= 0.5:
+                    add("kidney_longer", "Which kidney is longer craniocaudally?", f"The {'right' if r > l else 'left'} kidney", sent)
+            for m in _KIDNEY_STATE.finditer(pos):
+                sd, rest = m["side"].lower(), m["rest"].lower()
+                if h := re.search(r"\bin the (right|left) hemipelvis", rest):
+                    add("kidney_ectopic", f"Where is the {sd} kidney located?", f"In the {h[1]} hemipelvis", sent)
+                for state in ("small", "enlarged"):
+                    if re.search(rf"\b{state}\b", rest): add(f"kidney_{state}", f"Which kidney is {state}?", f"The {sd} kidney", sent)
+            if m := _FOSSA.search(pos): add("renal_fossa", "Which renal fossa is empty?", f"The {m['side'].lower()} renal fossa", sent)
+            if m := _SITUS_INV.search(pos):
+                for side in ("left", "right"):
+                    for organ in _names(m[side]):
+                        add("situs_organ", f"On which side does the {organ} lie?", f"On the {side}", sent)
+            if re.search(r"\bdextrocardia\b", pos, re.I): add("heart_side", "On which side of the chest is the heart?", "On the right (dextrocardia)", sent)
+            if re.fullmatch(r"situs solitus\.?", pos.strip(), re.I):
+                add("situs", "Is the situs solitus or inversus?", "Situs solitus", sent)
+    vol = report["volume"]
+    return [dict(qid=f"{vol}::twin-{i}", volume=vol, index=i, question=r["question"], answer=r["answer"],
+                 categories=classify_categories(r["question"], r["answer"]), template=r["template"], evidence=r["evidence"],
+                 generator="twin") for i, r in enumerate(out)]
 
 # %% ../nbs/30_reports.ipynb #003b01c7
 QA_SYSTEM = "You are a careful radiology assistant. You reply with JSON only."
