@@ -39,7 +39,7 @@ __all__ = ['JURY_THRESHOLD', 'TEXT_METRICS', 'BLEU_STATS', 'ITEM_METRICS', 'CLUS
            'answer_polarity', 'answer_side', 'is_yes_no_question', 'answer_facet', 'facet_correct', 'facet_table',
            'per_question', 'baseline_cell', 'judge_prompt', 'parse_verdict', 'judge_name', 'jury_of', 'JudgeSummary',
            'judge_predictions', 'published_verdicts', 'judge_agreement', 'replay_judge_cache', 'release_items',
-           'make_judge', 'add_cli']
+           'release_category_table', 'make_judge', 'add_cli']
 
 # %% ../nbs/31_ctsvqa.ipynb #cf90cadb
 JURY_THRESHOLD = 0.66
@@ -691,7 +691,7 @@ class JudgeSummary:
     out: str
 
 def judge_predictions(items: Sequence[Mapping], judges: Sequence, out: str | os.PathLike, batch_size: int = 16,
-                      threshold: float = JURY_THRESHOLD) -> JudgeSummary:
+                      threshold: float = JURY_THRESHOLD, max_tokens: int = JUDGE_MAX_TOKENS) -> JudgeSummary:
     """Judge every item (`qid`, `question`, `answer`, `prediction`) with every judge (`spatialvqa.llm` LLMs) into `out`:
     one row per qid (`verdicts`, `reasons`, `errors` by judge, `average`, `jury`). Every verdict is first appended to
     `<out>.partial`, so a killed run resumes where it stopped, asking nothing twice."""
@@ -713,12 +713,12 @@ def judge_predictions(items: Sequence[Mapping], judges: Sequence, out: str | os.
             for s in progress(range(0, len(todo), batch_size), total=-(-len(todo) // max(1, batch_size)), desc=f"judge {n}"):
                 chunk = todo[s:s + batch_size]
                 try:
-                    replies = j.generate([prompts[q] for q in chunk], max_tokens=JUDGE_MAX_TOKENS, temperature=0.0,
+                    replies = j.generate([prompts[q] for q in chunk], max_tokens=max_tokens, temperature=0.0,
                                          json_mode=True, system=JUDGE_SYSTEM)
                     if len(replies) != len(chunk): raise RuntimeError(f"{len(replies)} replies for {len(chunk)} prompts")
                 except (KeyboardInterrupt, SystemExit): raise
                 except Exception as e:
-                    replies = [_ask_one(j, prompts[q]) for q in chunk] if len(chunk) > 1 else [e]
+                    replies = [_ask_one(j, prompts[q], max_tokens) for q in chunk] if len(chunk) > 1 else [e]
                 rows = []
                 for q, raw in zip(chunk, replies):
                     asked += 1
@@ -754,9 +754,9 @@ def judge_predictions(items: Sequence[Mapping], judges: Sequence, out: str | os.
     return JudgeSummary(len(rows), names, asked, skipped, malformed, failed, len(judged),
                         float(np.mean([r["jury"] for r in judged])) if judged else float("nan"), complete, str(out))
 
-def _ask_one(judge, prompt: str):
+def _ask_one(judge, prompt: str, max_tokens: int = JUDGE_MAX_TOKENS):
     "One judge reply, or the exception that asking raised."
-    try: return judge.generate([prompt], max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, json_mode=True, system=JUDGE_SYSTEM)[0]
+    try: return judge.generate([prompt], max_tokens=max_tokens, temperature=0.0, json_mode=True, system=JUDGE_SYSTEM)[0]
     except (KeyboardInterrupt, SystemExit): raise
     except Exception as e: return e
 
@@ -855,6 +855,24 @@ def release_items(model: str, release: str | os.PathLike | None = None) -> list[
     if model not in rel["predictions"]: raise KeyError(f"{rel['root']}: no published predictions of {model!r} (have {', '.join(rel['predictions'])})")
     recs, _ = read_ctsvqa_predictions(rel["predictions"][model], read_ctsvqa_questions(rel["questions"]))
     return [dict(qid=r["qid"], question=r["question"], answer=r["answer"], prediction=r["prediction"]) for r in recs]
+
+# %% ../nbs/31_ctsvqa.ipynb #bedfac26
+def release_category_table(published: pd.DataFrame, recomputed: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, category): the release's accuracy (%), ours with the published join and with the key join where
+    the release lets us recompute it, and `recomputable` ("yes", or why not). `published`: the release's
+    `category_performance.csv` (category, count, one column per model); `recomputed`: the `ctsvqa_score` stage's
+    `category_accuracy.csv` (category, model, `reproduced` = published join, `key` = key join, in %)."""
+    models = [c for c in published.columns if c not in ("category", "count")]
+    ours = {(r["model"], r["category"]): r for r in recomputed.to_dict("records")}
+    rows = []
+    for _, p in published.iterrows():
+        for m in models:
+            o = ours.get((m, p["category"]))
+            rows.append(dict(model=m, category=p["category"], count=int(p["count"]), published=float(p[m]),
+                             recomputed_published_join=None if o is None else round(float(o["reproduced"]), 2),
+                             recomputed_key_join=None if o is None else round(float(o["key"]), 2),
+                             recomputable="yes" if o is not None else "no: the release has no predictions or verdicts of this model"))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/31_ctsvqa.ipynb #ed6b9ec2
 def _model_of(a) -> str:

@@ -22,17 +22,18 @@ from .scan import ScanError
 # %% auto #0
 __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_ALIASES', 'CTRATE_REPO', 'CTRATE_REPORT_COLUMNS',
            'CTRATE_METADATA_COLUMNS', 'CTRATE_METADATA_FILES', 'CTRATE_REPORT_FILES', 'CATEGORY_CUES', 'PAIRED_ORGANS',
-           'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT', 'ctsvqa_model_name', 'ctsvqa_judgment_name',
-           'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume', 'ctsvqa_qid', 'normalise_categories',
-           'read_ctsvqa_questions', 'read_ctsvqa_predictions', 'read_ctsvqa_judgments', 'read_ctsvqa_reports',
-           'read_ctrate_reports', 'read_ctrate_metadata', 'fix_ctrate_volume', 'ctrate_path', 'hf_downloader',
-           'volumes_of', 'download_ctrate', 'ctsvqa_benchmark', 'split_report_sections', 'read_phantom_reports',
-           'classify_categories', 'category_cues', 'spatial_decision', 'is_spatial', 'heldout', 'multilabel_scores',
-           'binary_scores', 'qa_text', 'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw',
-           'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'positive_part', 'extract_facts',
-           'qa_from_fact', 'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report', 'qa_generation_prompt',
-           'judge_prompt', 'parse_qa_pairs', 'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens',
-           'token_jaccard', 'coverage', 'category_mix', 'plot_category_mix', 'add_cli']
+           'AUDIT_COLUMNS', 'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT', 'ctsvqa_model_name',
+           'ctsvqa_judgment_name', 'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume', 'ctsvqa_qid',
+           'normalise_categories', 'read_ctsvqa_questions', 'read_ctsvqa_predictions', 'read_ctsvqa_judgments',
+           'read_ctsvqa_reports', 'read_ctrate_reports', 'read_ctrate_metadata', 'fix_ctrate_volume', 'ctrate_path',
+           'hf_downloader', 'volumes_of', 'download_ctrate', 'ctsvqa_benchmark', 'split_report_sections',
+           'read_phantom_reports', 'classify_categories', 'category_cues', 'spatial_decision', 'is_spatial', 'heldout',
+           'multilabel_scores', 'binary_scores', 'qa_text', 'fit_text_classifier', 'grouped_cv_predict',
+           'read_ctsvqa_raw', 'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'positive_part',
+           'extract_facts', 'qa_from_fact', 'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report',
+           'twin_benchmark', 'audit_sample', 'audit_summary', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs',
+           'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage',
+           'category_mix', 'plot_category_mix', 'add_cli']
 
 # %% ../nbs/30_reports.ipynb #00c7c1c4
 JUDGE_ORDER = ("gemini2.5", "gpt", "qwen")  # upstream's order of judge files (its first judge names the rows)
@@ -912,6 +913,42 @@ def twin_qa_for_report(report: dict, sections: Sequence[str] = ("findings", "imp
     return [dict(qid=f"{vol}::twin-{i}", volume=vol, index=i, question=r["question"], answer=r["answer"],
                  categories=classify_categories(r["question"], r["answer"]), template=r["template"], evidence=r["evidence"],
                  generator="twin") for i, r in enumerate(out)]
+
+# %% ../nbs/30_reports.ipynb #9030611f
+def twin_benchmark(cohort: str | os.PathLike, relative_to: str | os.PathLike = ".") -> list[dict]:
+    "Twin benchmark records of a phantom cohort folder (its `cohort.json`): `twin_qa_for_report` of every report, with `volume`/`report` paths."
+    cohort, base = Path(cohort), Path(relative_to).resolve()
+    entries = read_json(cohort / "cohort.json")
+    out = []
+    for e in entries:
+        rep = dict(volume=e["subject_id"], **split_report_sections((cohort / e["report"]).read_text()))
+        rel = lambda p: os.path.relpath((cohort / p).resolve(), base)
+        out += [dict(qid=q["qid"], question=q["question"], answer=q["answer"], categories=q["categories"], volume=rel(e["image"]),
+                     format="text", scan_id=e["subject_id"], report=rel(e["report"]), template=q["template"], evidence=q["evidence"])
+                for q in twin_qa_for_report(rep)]
+    return out
+
+AUDIT_COLUMNS = ("qid", "question", "answer", "evidence", "verdict", "reason")
+
+def audit_sample(records: Sequence[dict], n: int = 100, seed: int = 0) -> list[dict]:
+    "A seeded sample of `n` generated questions (in qid order) with empty `verdict` and `reason` columns to fill."
+    rng = np.random.default_rng(seed)
+    recs = sorted(records, key=lambda r: r["qid"])
+    idx = sorted(rng.choice(len(recs), size=min(n, len(recs)), replace=False))
+    return [dict(qid=recs[i]["qid"], question=recs[i]["question"], answer=recs[i]["answer"], evidence=recs[i].get("evidence", ""),
+                 verdict="", reason="") for i in idx]
+
+def audit_summary(path: str | os.PathLike, records: Sequence[dict]) -> dict:
+    "Error rate of a filled audit sheet (`verdict` ok/error per row), with a 95% Wilson interval and the stale rows."
+    from spatialvqa.stats import wilson
+    rows = _read_csv(path, AUDIT_COLUMNS)
+    bad = sorted(set(rows["verdict"].astype(str).str.strip()) - {"ok", "error"})
+    if bad: raise ValueError(f"{path}: verdicts must be 'ok' or 'error', found {bad}")
+    cur = {(r["qid"], r["question"], r["answer"]) for r in records}
+    stale = sum((q, t, a) not in cur for q, t, a in zip(rows["qid"], rows["question"], rows["answer"]))
+    n, k = len(rows), int((rows["verdict"].str.strip() == "error").sum())
+    lo, hi = wilson(k, n)
+    return dict(audited=n, errors=k, error_rate=k / n if n else None, ci95=[round(lo, 4), round(hi, 4)], stale=int(stale), sheet=str(path))
 
 # %% ../nbs/30_reports.ipynb #003b01c7
 QA_SYSTEM = "You are a careful radiology assistant. You reply with JSON only."

@@ -177,12 +177,12 @@ def test_judge_bad_input_exits_2_with_a_sentence(tmp_path, twin, case):
 def test_gemma_270m_judge_agreement_with_published_judges(tmp_path):
     "The local Gemma 3 270M GGUF as a judge on a bounded sample of each published model: kappa measured and reported, however low."
     rel = ctsvqa_release(find_ctsvqa_release())
-    n = int(os.environ.get("SPATIALVQA_GEMMA_SAMPLE", "40"))
+    n = int(os.environ.get("SPATIALVQA_GEMMA_SAMPLE", "16"))
     judge = make_llm({"backend": "transformers", "model": "gemma-3-270m", "cache": str(tmp_path / "gemma_cache.jsonl")})
     tables = []
     for model in ("m3d", "med3dvlm", "radfm"):
         items = release_items(model, rel["root"])[:n]
-        s = judge_predictions(items, [judge], tmp_path / f"{model}.jsonl", batch_size=8)
+        s = judge_predictions(items, [judge], tmp_path / f"{model}.jsonl", batch_size=8, max_tokens=40)   # a verdict and a few words: CPU time
         assert s.complete and s.total == n
         pub = {jn: published_verdicts(items, read_ctsvqa_judgments(p)) for jn, p in rel["judgments"][model].items()}
         ag = judge_agreement(read_jsonl(tmp_path / f"{model}.jsonl"), pub).assign(model=model, malformed=s.malformed)
