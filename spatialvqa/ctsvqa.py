@@ -638,7 +638,8 @@ Model answer: {prediction}
 Does the model answer state the same clinical fact as the reference answer? Synonyms and equivalent medical wording
 count as the same; a different side, location, level, extent or presence does not, and an empty, evasive or
 self-contradicting answer is incorrect.
-Reply with one JSON object: {{"correct": true or false, "reason": "<one short sentence>"}}"""
+Reply with one JSON object: {{"correct": true or false, "reason": "<one short sentence>"}}
+Reply: {{"correct":"""
 JUDGE_MAX_TOKENS = 128      # a verdict and one sentence
 
 def judge_prompt(item: Mapping) -> str:
@@ -652,7 +653,11 @@ def parse_verdict(text: str | None) -> dict:
     """`{verdict, reason, error}` of a judge's reply: the JSON object repaired if need be (`llm.parse_json`); a reply
     with no readable true/false verdict has `verdict` None and says why in `error` (it is never counted as a vote)."""
     from spatialvqa.llm import JSONRepairError, parse_json
-    try: o = parse_json(text or "")
+    text = text or ""
+    if not text.lstrip().startswith(("{", "[", "`")):     # the reply continues the prompt's `{"correct":` (a base model does)
+        cont = parse_verdict('{"correct":' + text)
+        if cont["verdict"] is not None: return cont
+    try: o = parse_json(text)
     except JSONRepairError as e: return dict(verdict=None, reason=None, error=f"malformed reply: {str(e)[:120]}")
     if isinstance(o, list): o = next((x for x in o if isinstance(x, dict)), None)
     if not isinstance(o, dict): return dict(verdict=None, reason=None, error="malformed reply: no JSON object")
