@@ -638,7 +638,7 @@ Model answer: {prediction}
 Does the model answer state the same clinical fact as the reference answer? Synonyms and equivalent medical wording
 count as the same; a different side, location, level, extent or presence does not, and an empty, evasive or
 self-contradicting answer is incorrect.
-Reply with one JSON object: {{"correct": true or false, "reason": "<one short sentence>"}}
+Reply with one JSON object: a boolean "correct" (true when the model answer is correct) and a one-sentence "reason".
 Reply: {{"correct":"""
 JUDGE_MAX_TOKENS = 128      # a verdict and one sentence
 
