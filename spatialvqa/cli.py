@@ -53,7 +53,8 @@ def _phantom(a) -> int:
 _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
     "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
     "spatialvqa.ctsvqa": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
-                           "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions"},
+                           "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
+                           "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached"},
     "spatialvqa.validate": {"validate": "filter a Track A benchmark: plausibility, near-duplicates, blind answerers",
                             "reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
     "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},

@@ -8,6 +8,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/ctsvqa.html.md"""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -20,22 +21,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger, progress, project_root, read_jsonl, write_json
+from .core import append_jsonl, atomic_write, get_logger, progress, project_root, read_jsonl, stable_hash, write_json, write_jsonl
 from .embed import sbert_embed, sbert_missing
 from .reports import JUDGE_ORDER, ctsvqa_model_name, read_ctsvqa_judgments
 from .stats import bootstrap_cis, cluster_labels, cross_fit, percentile_interval, resampled_sums, with_ci
 
 # %% auto #0
 __all__ = ['JURY_THRESHOLD', 'TEXT_METRICS', 'BLEU_STATS', 'ITEM_METRICS', 'CLUSTERS', 'AUX_VERBS', 'QUESTION_TERMS',
-           'PRIOR_LEVELS', 'BLIND_SYSTEM', 'NEGATIONS', 'PROXY_METRICS', 'jury_average', 'judgment_key', 'JuryResult',
-           'jury_accuracy', 'judges_of', 'flipped', 'correctness_matrix', 'read_correctness_matrix',
-           'write_correctness_matrix', 'category_accuracy', 'normalise_answer', 'exact_match', 'text_pairs',
-           'bleu_corpus', 'rouge_items', 'bleu_stats', 'bleu_from_stats', 'nltk_data_dirs', 'ensure_nltk_path',
-           'wordnet_missing', 'meteor_items', 'sbert_items', 'text_metric_items', 'text_summary', 'text_metrics',
-           'compare', 'save_table', 'markdown_note', 'ctrate_patient', 'question_clusters', 'category_accuracy_ci',
-           'text_metrics_ci', 'patient_of', 'question_lead', 'question_terms', 'question_keys', 'AnswerPrior',
-           'blind_llm_answers', 'blind_baselines', 'answer_polarity', 'answer_side', 'is_yes_no_question',
-           'answer_facet', 'facet_correct', 'facet_table', 'per_question', 'baseline_cell', 'add_cli']
+           'PRIOR_LEVELS', 'BLIND_SYSTEM', 'NEGATIONS', 'PROXY_METRICS', 'JUDGE_SYSTEM', 'JUDGE_PROMPT',
+           'JUDGE_MAX_TOKENS', 'jury_average', 'judgment_key', 'JuryResult', 'jury_accuracy', 'judges_of', 'flipped',
+           'correctness_matrix', 'read_correctness_matrix', 'write_correctness_matrix', 'category_accuracy',
+           'normalise_answer', 'exact_match', 'text_pairs', 'bleu_corpus', 'rouge_items', 'bleu_stats',
+           'bleu_from_stats', 'nltk_data_dirs', 'ensure_nltk_path', 'wordnet_missing', 'meteor_items', 'sbert_items',
+           'text_metric_items', 'text_summary', 'text_metrics', 'compare', 'save_table', 'markdown_note',
+           'ctrate_patient', 'question_clusters', 'category_accuracy_ci', 'text_metrics_ci', 'patient_of',
+           'question_lead', 'question_terms', 'question_keys', 'AnswerPrior', 'blind_llm_answers', 'blind_baselines',
+           'answer_polarity', 'answer_side', 'is_yes_no_question', 'answer_facet', 'facet_correct', 'facet_table',
+           'per_question', 'baseline_cell', 'judge_prompt', 'parse_verdict', 'judge_name', 'jury_of', 'JudgeSummary',
+           'judge_predictions', 'published_verdicts', 'judge_agreement', 'replay_judge_cache', 'release_items',
+           'release_category_table', 'make_judge', 'add_cli']
 
 # %% ../nbs/31_ctsvqa.ipynb #cf90cadb
 JURY_THRESHOLD = 0.66
@@ -627,6 +631,256 @@ def baseline_cell(row, fmt: str = "{:.3f}") -> str:
     if row.note: return row.note
     return with_ci(row.estimate, row.ci_low, row.ci_high, "{:.2f}" if row.metric == "bleu" else fmt)
 
+# %% ../nbs/31_ctsvqa.ipynb #24303da5
+JUDGE_SYSTEM = "You grade answers to questions about a chest CT scan against the reference answer. You reply with JSON only."
+JUDGE_PROMPT = """Question: {question}
+Reference answer: {answer}
+Model answer: {prediction}
+
+Does the model answer state the same clinical fact as the reference answer? Synonyms and equivalent medical wording
+count as the same; a different side, location, level, extent or presence does not, and an empty, evasive or
+self-contradicting answer is incorrect.
+Reply with one JSON object: a boolean "correct" (true when the model answer is correct) and a one-sentence "reason".
+Reply: {{"correct":"""
+JUDGE_MAX_TOKENS = 128      # a verdict and one sentence
+
+def judge_prompt(item: Mapping) -> str:
+    "The judging prompt of one item (`question`, `answer`, `prediction`)."
+    q, a, p = judgment_key(item)
+    return JUDGE_PROMPT.format(question=q, answer=a, prediction=p or "(no answer)")
+
+_TRUE, _FALSE = frozenset({"true", "correct", "yes", "1"}), frozenset({"false", "incorrect", "no", "0", "wrong"})
+
+def parse_verdict(text: str | None) -> dict:
+    """`{verdict, reason, error}` of a judge's reply: the JSON object repaired if need be (`llm.parse_json`); a reply
+    with no readable true/false verdict has `verdict` None and says why in `error` (it is never counted as a vote)."""
+    from spatialvqa.llm import JSONRepairError, parse_json
+    text = text or ""
+    if not text.lstrip().startswith(("{", "[", "`")):     # the reply continues the prompt's `{"correct":` (a base model does)
+        cont = parse_verdict('{"correct":' + text)
+        if cont["verdict"] is not None: return cont
+    try: o = parse_json(text)
+    except JSONRepairError as e: return dict(verdict=None, reason=None, error=f"malformed reply: {str(e)[:120]}")
+    if isinstance(o, list): o = next((x for x in o if isinstance(x, dict)), None)
+    if not isinstance(o, dict): return dict(verdict=None, reason=None, error="malformed reply: no JSON object")
+    v = next((o[k] for k in ("correct", "is_correct", "verdict") if k in o), None)
+    if isinstance(v, str): v = True if v.strip().lower() in _TRUE else False if v.strip().lower() in _FALSE else v
+    reason = o.get("reason", o.get("reasoning"))
+    if not isinstance(v, bool): return dict(verdict=None, reason=reason, error=f"malformed reply: no true/false verdict ({str(v)[:40]!r})")
+    return dict(verdict=v, reason=None if reason is None else str(reason), error=None)
+
+# %% ../nbs/31_ctsvqa.ipynb #76e6c556
+def judge_name(llm) -> str:
+    "How a judge is named in the outputs: its label, else backend:model."
+    return str(getattr(llm, "name", None) or f"{getattr(llm, 'backend', '?')}:{getattr(llm, 'model', '?')}")
+
+def _judge_row_key(llm, prompt: str) -> str:
+    return stable_hash([getattr(llm, "backend", type(llm).__name__), getattr(llm, "model", judge_name(llm)), JUDGE_SYSTEM, prompt], n=16)
+
+def jury_of(verdicts: Sequence[bool | None], threshold: float = JURY_THRESHOLD) -> tuple[float | None, bool | None]:
+    "(average, correct) of the judges' verdicts: valid votes only, upstream's floored average against `threshold`; None with no valid vote."
+    votes = [1.0 if v else 0.0 for v in verdicts if isinstance(v, bool)]
+    avg = jury_average(votes)
+    return avg, None if avg is None else avg >= threshold
+
+@dataclasses.dataclass
+class JudgeSummary:
+    "What a judging run did."
+    total: int              # questions
+    judges: list            # judge names
+    asked: int              # (question, judge) verdicts requested now
+    skipped: int            # ... already in the log of an earlier run
+    malformed: int          # replies without a readable verdict (errors, never votes)
+    failed: int             # calls that raised (retried by the next run)
+    judged: int             # questions with at least one valid verdict
+    jury_accuracy: float    # share of the judged questions the jury calls correct
+    complete: bool
+    out: str
+
+def judge_predictions(items: Sequence[Mapping], judges: Sequence, out: str | os.PathLike, batch_size: int = 16,
+                      threshold: float = JURY_THRESHOLD, max_tokens: int = JUDGE_MAX_TOKENS) -> JudgeSummary:
+    """Judge every item (`qid`, `question`, `answer`, `prediction`) with every judge (`spatialvqa.llm` LLMs) into `out`:
+    one row per qid (`verdicts`, `reasons`, `errors` by judge, `average`, `jury`). Every verdict is first appended to
+    `<out>.partial`, so a killed run resumes where it stopped, asking nothing twice."""
+    out, items = Path(out), list(items)
+    if len({str(i["qid"]) for i in items}) != len(items): raise ValueError("the predictions repeat a qid")
+    names = [judge_name(j) for j in judges]
+    if len(set(names)) != len(names): raise ValueError(f"two judges share a name ({', '.join(names)}); give them labels")
+    log_path = out.with_name(out.name + ".partial")
+    prompts = {str(i["qid"]): judge_prompt(i) for i in items}
+    keys = {(q, n): _judge_row_key(j, p) for q, p in prompts.items() for j, n in zip(judges, names)}
+    asked = skipped = malformed = failed = 0
+    with _exclusive(log_path.with_name(log_path.name + ".lock")) as lock:
+        prior = _from_output(_read_rows(out))                  # a finished earlier run: its verdicts are in `out` itself
+        old = [r for r in prior + _read_rows(log_path) if r.get("key") == keys.get((r.get("qid"), r.get("judge")))]
+        done = {(r["qid"], r["judge"]) for r in old if r.get("final")}
+        for j, n in zip(judges, names):
+            todo = [q for q in prompts if (q, n) not in done]
+            skipped += len(prompts) - len(todo)
+            for s in progress(range(0, len(todo), batch_size), total=-(-len(todo) // max(1, batch_size)), desc=f"judge {n}"):
+                chunk = todo[s:s + batch_size]
+                try:
+                    replies = j.generate([prompts[q] for q in chunk], max_tokens=max_tokens, temperature=0.0,
+                                         json_mode=True, system=JUDGE_SYSTEM)
+                    if len(replies) != len(chunk): raise RuntimeError(f"{len(replies)} replies for {len(chunk)} prompts")
+                except (KeyboardInterrupt, SystemExit): raise
+                except Exception as e:
+                    replies = [_ask_one(j, prompts[q], max_tokens) for q in chunk] if len(chunk) > 1 else [e]
+                rows = []
+                for q, raw in zip(chunk, replies):
+                    asked += 1
+                    if isinstance(raw, BaseException):   # no reply: a replay miss is final (an error), a failed call is asked again
+                        final = type(raw).__name__ == "CacheMiss"
+                        failed += not final; malformed += final
+                        rows.append(dict(qid=q, judge=n, key=keys[q, n], verdict=None, reason=None, raw=None,
+                                         error=f"{type(raw).__name__}: {raw}", final=final))
+                        continue
+                    v = parse_verdict(raw)
+                    malformed += v["error"] is not None
+                    rows.append(dict(qid=q, judge=n, key=keys[q, n], raw=raw, final=True, **v))
+                _append_rows(rows, log_path)       # one flush to disk per batch
+        latest: dict[tuple, dict] = {}
+        for r in prior + _read_rows(log_path):
+            k = (r.get("qid"), r.get("judge"))
+            if r.get("key") == keys.get(k) and (r.get("final") or k not in latest or not latest[k].get("final")): latest[k] = r
+        rows = []
+        for i in items:
+            q = str(i["qid"])
+            got = {n: latest.get((q, n), {}) for n in names}
+            avg, jury = jury_of([got[n].get("verdict") for n in names], threshold)
+            rows.append(dict(qid=q, question=judgment_key(i)[0], answer=judgment_key(i)[1], prediction=judgment_key(i)[2],
+                             judges=names, verdicts={n: got[n].get("verdict") for n in names},
+                             reasons={n: got[n].get("reason") for n in names},
+                             errors={n: (got[n].get("error") if got[n] else "not judged") for n in names},
+                             keys={n: got[n].get("key") for n in names}, final={n: bool(got[n].get("final")) for n in names},
+                             average=avg, jury=jury))
+        complete = all(latest.get((q, n), {}).get("final") for q in prompts for n in names)
+        write_jsonl(rows, out)
+        if complete: log_path.unlink(missing_ok=True); lock.remove = True
+    judged = [r for r in rows if r["jury"] is not None]
+    return JudgeSummary(len(rows), names, asked, skipped, malformed, failed, len(judged),
+                        float(np.mean([r["jury"] for r in judged])) if judged else float("nan"), complete, str(out))
+
+def _ask_one(judge, prompt: str, max_tokens: int = JUDGE_MAX_TOKENS):
+    "One judge reply, or the exception that asking raised."
+    try: return judge.generate([prompt], max_tokens=max_tokens, temperature=0.0, json_mode=True, system=JUDGE_SYSTEM)[0]
+    except (KeyboardInterrupt, SystemExit): raise
+    except Exception as e: return e
+
+def _from_output(rows: Sequence[dict]) -> list[dict]:
+    "The per-judge log rows that an output file of `judge_predictions` holds."
+    return [dict(qid=r["qid"], judge=n, key=(r.get("keys") or {}).get(n), verdict=r["verdicts"].get(n), reason=(r.get("reasons") or {}).get(n),
+                 error=(r.get("errors") or {}).get(n), final=(r.get("final") or {}).get(n, False))
+            for r in rows if isinstance(r.get("verdicts"), dict) for n in r["verdicts"]]
+
+def _append_rows(rows: Sequence[dict], path: Path) -> None:
+    "Append `rows` to the JSONL log `path` and flush them to disk (a torn tail left by a killed writer is closed first)."
+    if not rows: return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n": f.write(b"\n")
+        f.write("".join(json.dumps(r, default=str) + "\n" for r in rows).encode())
+        f.flush(); os.fsync(f.fileno())
+
+def _read_rows(path: Path) -> list[dict]: return read_jsonl(path) if path.exists() else []
+
+class _exclusive:
+    "An exclusive lock on `path` (the OS releases it if the process dies); a finished run removes the file."
+    def __init__(self, path: Path): self.path, self.remove = path, False
+    def __enter__(self):
+        import fcntl
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(self.path, "a")
+        try: fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError: self.f.close(); raise RuntimeError(f"{self.path}: another run is writing this output") from None
+        return self
+    def __exit__(self, *exc):
+        if self.remove: self.path.unlink(missing_ok=True)
+        self.f.close()
+
+# %% ../nbs/31_ctsvqa.ipynb #9e31f428
+def published_verdicts(items: Sequence[Mapping], verdicts: Sequence[Mapping]) -> dict[str, bool | None]:
+    """qid -> a published judge's verdict on that item, joined by (question, answer, prediction) in file order
+    (`_jury_key`'s join). Where the judge gave the very same (question, answer, prediction) both verdicts (it judged
+    repeats separately), which verdict belongs to which question is unknowable: those items get None, as do items the
+    judge left without a verdict."""
+    q: dict[tuple, deque] = defaultdict(deque)
+    for v in verdicts: q[judgment_key(v)].append(_vote(v))
+    mixed = {k for k, d in q.items() if len({v for v in d if v is not None}) > 1}
+    out = {}
+    for i in items:
+        k = judgment_key(i)
+        d = q.get(k)
+        v = d.popleft() if d else None
+        out[str(i["qid"])] = None if k in mixed else v
+    return out
+
+def judge_agreement(judged: Sequence[Mapping], published: Mapping[str, Mapping[str, bool | None]]) -> pd.DataFrame:
+    """Per (our judge or the jury, published judge): questions both judged, the share of equal verdicts, Cohen's kappa
+    (`stats.cohen_kappa`) and both accuracies on those questions."""
+    from spatialvqa.stats import cohen_kappa
+    ours: dict[str, dict[str, bool | None]] = defaultdict(dict)
+    for r in judged:
+        for n, v in (r.get("verdicts") or {}).items(): ours[n][r["qid"]] = v
+        if len(r.get("verdicts") or {}) > 1: ours["jury"][r["qid"]] = r.get("jury")
+    rows = []
+    for n, mine in ours.items():
+        for pj, theirs in published.items():
+            both = [q for q, v in mine.items() if isinstance(v, bool) and isinstance(theirs.get(q), bool)]
+            a, b = [mine[q] for q in both], [theirs[q] for q in both]
+            rows.append(dict(judge=n, published_judge=pj, n=len(both),
+                             agreement=float(np.mean([x == y for x, y in zip(a, b)])) if both else math.nan,
+                             kappa=cohen_kappa(a, b, labels=[False, True]) if both else math.nan,
+                             accuracy=float(np.mean(a)) if both else math.nan,
+                             accuracy_published=float(np.mean(b)) if both else math.nan))
+    return pd.DataFrame(rows, columns=["judge", "published_judge", "n", "agreement", "kappa", "accuracy", "accuracy_published"])
+
+def replay_judge_cache(verdicts: Sequence[Mapping], path: str | os.PathLike, judge: str) -> Path:
+    """A record/replay cache (`spatialvqa.llm.CachedLLM`'s format) in which the model `published:<judge>` answers our
+    judging prompt of every (question, answer, prediction) of `verdicts` with the published verdict and reasoning:
+    `replay:<path>` then stands in for that judge (first verdict of a repeated key; rows without a verdict left out)."""
+    from spatialvqa.llm import cache_key, to_messages
+    recs, seen = [], set()
+    for v in verdicts:
+        vote = _vote(v)
+        if vote is None: continue
+        msgs = to_messages(judge_prompt(v), JUDGE_SYSTEM)
+        k = cache_key("published", judge, msgs, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, json_mode=True)
+        if k in seen: continue
+        seen.add(k)
+        recs.append(dict(key=k, backend="published", model=judge, name=f"published:{judge}",
+                         request=dict(messages=msgs, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, json_mode=True),
+                         output=json.dumps({"correct": vote, "reason": v.get("reasoning") or ""})))
+    return write_jsonl(recs, path)
+
+def release_items(model: str, release: str | os.PathLike | None = None) -> list[dict]:
+    "The judging items (`qid`, `question`, `answer`, `prediction`) of one model's published predictions, keyed by the release's qids."
+    from spatialvqa.reports import ctsvqa_release, find_ctsvqa_release, read_ctsvqa_predictions, read_ctsvqa_questions
+    rel = ctsvqa_release(release if release is not None else find_ctsvqa_release())
+    if model not in rel["predictions"]: raise KeyError(f"{rel['root']}: no published predictions of {model!r} (have {', '.join(rel['predictions'])})")
+    recs, _ = read_ctsvqa_predictions(rel["predictions"][model], read_ctsvqa_questions(rel["questions"]))
+    return [dict(qid=r["qid"], question=r["question"], answer=r["answer"], prediction=r["prediction"]) for r in recs]
+
+# %% ../nbs/31_ctsvqa.ipynb #bedfac26
+def release_category_table(published: pd.DataFrame, recomputed: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, category): the release's accuracy (%), ours with the published join and with the key join where
+    the release lets us recompute it, and `recomputable` ("yes", or why not). `published`: the release's
+    `category_performance.csv` (category, count, one column per model); `recomputed`: the `ctsvqa_score` stage's
+    `category_accuracy.csv` (category, model, `reproduced` = published join, `key` = key join, in %)."""
+    models = [c for c in published.columns if c not in ("category", "count")]
+    ours = {(r["model"], r["category"]): r for r in recomputed.to_dict("records")}
+    rows = []
+    for _, p in published.iterrows():
+        for m in models:
+            o = ours.get((m, p["category"]))
+            rows.append(dict(model=m, category=p["category"], count=int(p["count"]), published=float(p[m]),
+                             recomputed_published_join=None if o is None else round(float(o["reproduced"]), 2),
+                             recomputed_key_join=None if o is None else round(float(o["key"]), 2),
+                             recomputable="yes" if o is not None else "no: the release has no predictions or verdicts of this model"))
+    return pd.DataFrame(rows)
+
 # %% ../nbs/31_ctsvqa.ipynb #ed6b9ec2
 def _model_of(a) -> str:
     return a.model or ctsvqa_model_name(a.predictions)
@@ -652,6 +906,59 @@ def _cli_jury(a) -> int:
                            res.model, a.align, res.jury_accuracy, res.count, res.misattributed, a.out)
     return 0
 
+def _judge_items(a) -> list[dict]:
+    "The judging items of `--predictions`: our runner's output joined to `--benchmark` by qid, or rows that carry their question, answer and prediction."
+    rows = read_jsonl(a.predictions, strict=True)
+    if not rows: raise ValueError(f"{a.predictions}: no predictions")
+    if "raw" in rows[0] and "qid" in rows[0]:                       # `spatialvqa infer` output
+        if not a.benchmark: raise ValueError(f"{a.predictions}: predictions of `spatialvqa infer` need --benchmark (their questions and answers)")
+        bench = {str(r["qid"]): r for r in read_jsonl(a.benchmark, strict=True)}
+        missing = [r["qid"] for r in rows if str(r["qid"]) not in bench]
+        if missing: raise ValueError(f"{a.predictions}: {len(missing)} qids are not in {a.benchmark} (first {missing[0]})")
+        return [dict(qid=str(r["qid"]), question=bench[str(r["qid"])]["question"], answer=bench[str(r["qid"])]["answer"],
+                     prediction=r.get("raw") or "") for r in rows]
+    for i, r in enumerate(rows):
+        if not isinstance(r.get("question"), str) or not isinstance(r.get("answer"), str):
+            raise ValueError(f"{a.predictions}: row {i} has no question and answer (and no qid/raw of `spatialvqa infer`)")
+    if all("qid" in r for r in rows):
+        return [dict(qid=str(r["qid"]), question=r["question"], answer=r["answer"], prediction=r.get("prediction") or "") for r in rows]
+    from spatialvqa.reports import ctsvqa_release, find_ctsvqa_release, read_ctsvqa_predictions, read_ctsvqa_questions
+    if a.benchmark:
+        qs = [dict(r, volume=r.get("ct_rate_volume") or r.get("volume")) for r in read_jsonl(a.benchmark, strict=True)]
+    else: qs = read_ctsvqa_questions(ctsvqa_release(find_ctsvqa_release())["questions"])
+    recs, rejected = read_ctsvqa_predictions(a.predictions, qs)
+    if rejected: get_logger("cli").warning("%s: %d rows match no question and are not judged (first: %s)", a.predictions,
+                                           len(rejected), rejected[0]["reason"])
+    return [dict(qid=r["qid"], question=r["question"], answer=r["answer"], prediction=r["prediction"]) for r in recs]
+
+def make_judge(spec: str, cache: str | os.PathLike | None = None, cache_mode: str = "auto"):
+    "A judge from a `spatialvqa.llm` spec; live judges record every reply in `cache` (a replay spec reads its own)."
+    from spatialvqa.llm import make_llm, parse_llm_spec
+    cfg = parse_llm_spec(spec)
+    if cfg is None: raise ValueError(f"judge spec {spec!r}: names no LLM")
+    if cfg["backend"] != "replay" and cache: cfg.update(cache=str(cache), cache_mode=cache_mode)
+    return make_llm(cfg)
+
+def _cli_judge(a) -> int:
+    items = _judge_items(a)
+    if a.limit: items = items[:a.limit]
+    out = Path(a.out)
+    cache = a.cache or out.with_name(out.stem + ".llm_cache.jsonl")
+    judges = [make_judge(s, cache, a.cache_mode) for s in a.judge]
+    s = judge_predictions(items, judges, out, batch_size=a.batch_size, threshold=a.threshold)
+    print(f"{out}: {s.total} questions, judges {', '.join(s.judges)}; {s.asked} verdicts asked now, {s.skipped} from an "
+          f"earlier run, {s.malformed} malformed replies (errors, not votes), {s.failed} failed calls; jury accuracy "
+          f"{s.jury_accuracy:.4f} over {s.judged} judged questions" + ("" if s.complete else "; INCOMPLETE: run again to finish"))
+    if a.agreement_with:
+        pub = {}
+        for p in a.agreement_with:
+            vs = _read_judgments(p)
+            pub[vs[0]["judge"] if vs else Path(p).stem] = published_verdicts(items, vs)
+        tab = judge_agreement(read_jsonl(out), pub)
+        save_table(tab, out.parent, out.stem + ".agreement")
+        print(tab.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0 if s.complete else 1
+
 def _cli_text(a) -> int:
     preds = _predictions(a.predictions, ("answer",))
     res = text_metrics([r.get("prediction") for r in preds], [r.get("answer") for r in preds], lower=not a.keep_case,
@@ -662,7 +969,7 @@ def _cli_text(a) -> int:
     return 0
 
 def add_cli(subparsers) -> None:
-    "Add the `ctsvqa-jury` and `ctsvqa-text` subcommands to an argparse subparsers object."
+    "Add the `ctsvqa-jury`, `ctsvqa-text` and `ctsvqa-judge` subcommands to an argparse subparsers object."
     j = subparsers.add_parser("ctsvqa-jury", help="LLM-jury accuracy of one model's CT-SpatialVQA predictions")
     j.add_argument("--predictions", required=True, help="predictions JSONL (question, answer, prediction per row)")
     j.add_argument("--judgments", required=True, nargs="+",
@@ -684,3 +991,17 @@ def add_cli(subparsers) -> None:
     t.add_argument("--keep-case", action="store_true", help="do not lowercase (the published figures lowercase)")
     t.add_argument("--keep-empty", action="store_true", help="score empty predictions too (the published figures skip them)")
     t.set_defaults(func=_cli_text)
+    g = subparsers.add_parser("ctsvqa-judge", help="judge free-text predictions with LLM judges (majority jury); resumable, cached")
+    g.add_argument("--predictions", required=True, help="predictions JSONL: `spatialvqa infer` output (with --benchmark) or rows with question, answer, prediction")
+    g.add_argument("--benchmark", help="the Track B benchmark JSONL the predictions answer (questions and reference answers by qid)")
+    g.add_argument("--judge", required=True, action="append",
+                   help="a spatialvqa.llm spec, repeatable: gemini:gemini-2.5-flash, openai:MODEL@URL, transformers:gemma-3-270m, replay:CACHE.jsonl")
+    g.add_argument("--out", required=True, help="verdicts JSONL, one row per qid (resumed from OUT.partial)")
+    g.add_argument("--cache", help="record/replay cache of the judges' replies (default OUT_STEM.llm_cache.jsonl beside OUT)")
+    g.add_argument("--cache-mode", dest="cache_mode", default="auto", choices=["auto", "record", "replay", "off"])
+    g.add_argument("--batch-size", dest="batch_size", type=int, default=16, help="prompts per judge call batch")
+    g.add_argument("--threshold", type=float, default=JURY_THRESHOLD, help="jury average that counts as correct")
+    g.add_argument("--limit", type=int, help="only the first N predictions")
+    g.add_argument("--agreement-with", dest="agreement_with", nargs="+",
+                   help="published judge files of the same predictions: agreement and Cohen's kappa per published judge")
+    g.set_defaults(func=_cli_judge)

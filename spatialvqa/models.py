@@ -13,6 +13,7 @@ import importlib
 import math
 import mimetypes
 import os
+import re
 import signal
 import threading
 import time
@@ -36,7 +37,7 @@ __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICT
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
            'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
            'lock_path', 'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer',
-           'add_cli']
+           'add_cli', 'free_text_config', 'ReportOracleAdapter', 'AnswerPriorAdapter', 'VolumeSideAdapter']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -316,7 +317,8 @@ class ReplayAdapter(BaseAdapter):
             rows = read_jsonl(p)
             if rows and "qid" not in rows[0] and "prediction" in rows[0]:         # a CT-SpatialVQA release file
                 from spatialvqa.reports import read_ctsvqa_predictions
-                recs, rejected = read_ctsvqa_predictions(p, [r for r in records if "volume" in r], model=self.config["model"])
+                named = [dict(r, volume=r.get("ct_rate_volume") or r["volume"]) for r in records if r.get("ct_rate_volume") or r.get("volume")]
+                recs, rejected = read_ctsvqa_predictions(p, named, model=self.config["model"])
                 if rejected: log.warning("%s: %d rows match no question (first: %s)", p, len(rejected), rejected[0]["reason"])
                 by.update({r["qid"]: r["prediction"] for r in recs})
                 continue
@@ -588,7 +590,10 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
     if limit is not None: recs = recs[:int(limit)]
     if e["circular"]: recs = with_rotations(recs)
     cfg = {"name": model, **e["config"]}
-    if e["adapter"] == "oracle" and root is not None: cfg.setdefault("root", str(root))
+    if e["adapter"] in ("oracle", "report_oracle") and root is not None: cfg.setdefault("root", str(root))
+    if recs and all(r.get("format") == "text" for r in recs):          # free-text (Track B) records
+        if e["prompt_style"] == "default": e["prompt_style"] = "free_text"
+        cfg = free_text_config(e["adapter"], cfg)
     adapter = make_adapter(e["adapter"], cfg)
     inputs = make_inputs(e["representation"], index=e["index"], cache_dir=cache_dir, root=root)
     return run_inference(adapter, recs, out, inputs, batch_size=e["batch_size"], max_retries=e["max_retries"],
@@ -633,3 +638,98 @@ def add_cli(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace what is at --out (also a file that holds no predictions)")
     p.add_argument("--circular", action="store_true", default=None, help="also answer every option rotation (circular evaluation)")
     p.set_defaults(func=_cli_infer)
+
+# %% ../nbs/41_models.ipynb #4cbb6a64
+def free_text_config(adapter: str, config: Mapping) -> dict:
+    "`config` with upstream CT-SpatialVQA's decoding (`prompt.FREE_TEXT_GENERATION`) for every key adapter `adapter` accepts and `config` lacks."
+    import inspect
+    from spatialvqa.prompt import FREE_TEXT_GENERATION
+    cls = ADAPTERS.get(adapter)
+    if cls is None:
+        for mod in plugin_modules():
+            try: importlib.import_module(mod)
+            except ModuleNotFoundError: pass
+        cls = ADAPTERS.get(adapter)
+    if cls is None: return dict(config)
+    known = {p for c in cls.__mro__ if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
+    return {**{k: v for k, v in FREE_TEXT_GENERATION.items() if k in known}, **dict(config)}
+
+# %% ../nbs/41_models.ipynb #44f39ecd
+def _resolve(path: str, root: str | None) -> Path:
+    p = Path(path)
+    return Path(root) / p if root and not p.is_absolute() else p
+
+@register("report_oracle")
+class ReportOracleAdapter(BaseAdapter):
+    """Track B's upper bound: reads the report a free-text record came from (`report`, a path) and answers with what
+    the report-grounded generator (`reports.twin_qa_for_report`) reads in it for the same question."""
+    runtime = ("root",)
+
+    def __init__(self, root: str | None = None, **kw):
+        super().__init__(root=root, **kw)
+        self._reports: dict[str, dict[str, str]] = {}
+
+    def answer(self, inp: ModelInput) -> str:
+        from spatialvqa.reports import split_report_sections, twin_qa_for_report
+        r = inp.record
+        if not r.get("report"): raise PredictionError(f"report_oracle: {r['qid']} names no report")
+        p = str(_resolve(r["report"], self.config["root"]))
+        if p not in self._reports:
+            rep = dict(volume=r.get("scan_id") or "report", **split_report_sections(Path(p).read_text()))
+            self._reports[p] = {q["question"].strip().lower(): q["answer"] for q in twin_qa_for_report(rep)}
+        a = self._reports[p].get(str(r["question"]).strip().lower())
+        if a is None: raise PredictionError(f"report_oracle: the report {p} does not answer {r['question']!r}")
+        return a
+
+@register("answer_prior")
+class AnswerPriorAdapter(BaseAdapter):
+    """Track B's blind baseline: the most common reference answer of similar questions (`ctsvqa.AnswerPrior`), learned on
+    the other folds of scans (`group`: a record field; cross-fitted, so no question sees its own answer)."""
+
+    def __init__(self, folds: int = 5, seed: int = 0, group: str = "scan_id", **kw):
+        super().__init__(folds=int(folds), seed=int(seed), group=str(group), **kw)
+        self._preds: dict[str, str] | None = None
+
+    def prepare(self, records: Sequence[dict]) -> None:
+        from spatialvqa.ctsvqa import AnswerPrior
+        from spatialvqa.stats import cross_fit
+        g = self.config["group"]
+        key = lambda r: r.get(g) or r.get("ct_rate_volume") or r["qid"].split("::")[0]
+        preds, _ = cross_fit(list(records), lambda tr, te: AnswerPrior().fit(tr).predict(te), key, self.config["folds"], self.config["seed"])
+        self._preds = {r["qid"]: p for r, p in zip(records, preds)}
+
+    def answer(self, inp: ModelInput) -> str:
+        if self._preds is None or inp.record["qid"] not in self._preds:
+            raise PredictionError(f"{self.name}: no cross-fitted answer for {inp.record['qid']} (prepare() was not given it)")
+        return self._preds[inp.record["qid"]]
+
+_SIDE_Q = re.compile(r"\b(?:right or the left|which side|which kidney|which renal fossa|which hepatic lobe)\b", re.I)
+
+@register("volume_side")
+class VolumeSideAdapter(BaseAdapter):
+    """A tiny image model that proves the volume path: it loads each record's 3D input (the `volume:<preset>` array,
+    M3D's (1, D, H, W) with columns running patient right -> left) and answers side questions with the brighter half
+    of the body (mean intensity); other questions get no answer. `call_log` records (qid, preset, shape) per volume."""
+    runtime = ("call_log",)
+
+    def __init__(self, preset: str = "m3d", call_log: str | None = None, **kw):
+        super().__init__(preset=str(preset), call_log=call_log, **kw)
+
+    def answer(self, inp: ModelInput) -> str:
+        import numpy as np
+        items = (inp.meta or {}).get("items") or [{}]
+        if inp.volume is None or items[0].get("preset") != self.config["preset"]:
+            raise PredictionError(f"{self.name}: needs representation volume:{self.config['preset']}, got {inp.meta.get('representation')}")
+        a = np.load(inp.volume)
+        if self.config["call_log"]:
+            append_jsonl({"qid": inp.record["qid"], "preset": items[0]["preset"], "shape": list(a.shape), "volume": inp.volume,
+                          "pid": os.getpid()}, self.config["call_log"])
+        q = str(inp.record["question"])
+        if not _SIDE_Q.search(q): return ""
+        w = a.shape[-1]
+        side = "right" if a[..., : w // 2].mean() >= a[..., w - w // 2:].mean() else "left"   # column 0 = patient right
+        ql = q.lower()
+        if "which kidney" in ql: return f"The {side} kidney."
+        if "renal fossa" in ql: return f"The {side} renal fossa."
+        if "hepatic lobe" in ql: return f"The {side} hepatic lobe."
+        return f"On the {side}."

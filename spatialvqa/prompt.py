@@ -12,7 +12,7 @@ from collections.abc import Callable
 from .questions import LETTERS
 
 # %% auto #0
-__all__ = ['PROMPT_STYLES', 'build_prompt']
+__all__ = ['PROMPT_STYLES', 'FREE_TEXT_GENERATION', 'build_prompt']
 
 # %% ../nbs/21_prompt.ipynb #0a333c5e
 def _answer_format(record: dict) -> str:
@@ -32,7 +32,16 @@ def _body(record: dict) -> str:
 PROMPT_STYLES: dict[str, Callable[[dict], str]] = {
     "default": lambda r: f"{_body(r)}\n{_answer_format(r)}",
     "radiologist": lambda r: f"You are an expert radiologist looking at a CT scan.\n{_body(r)}\n{_answer_format(r)}",
+    # CT-SpatialVQA's own scripts give a 3D model its image tokens followed by the bare question and nothing else
+    # (Mashrafi27/CT-SpatialVQA@e25374c benchmarking/inference/m3d/run_custom_eval.py L132-133: image_tokens + question)
+    "free_text": lambda r: str(r["question"]).strip(),
 }
+
+# How free-text (Track B) questions are answered, as upstream CT-SpatialVQA generated its published predictions:
+# at most 256 new tokens (benchmarking/inference/m3d/run_custom_eval.py L34, radfm/run_custom_eval.py L32,
+# medevalkit/run_custom_eval.py L61 at e25374c), greedy decoding (temperature <= 0 -> do_sample=False,
+# m3d/run_custom_eval.py L141-142). Each adapter takes the keys its constructor knows (`spatialvqa.models.infer`).
+FREE_TEXT_GENERATION = {"max_new_tokens": 256, "max_tokens": 256, "temperature": 0.0, "do_sample": False}
 
 def build_prompt(record: dict, style: str = "default") -> str:
     "The text prompt of `record`: question, lettered options (multiple choice) and the answer-format instruction."

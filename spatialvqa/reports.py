@@ -22,17 +22,18 @@ from .scan import ScanError
 # %% auto #0
 __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_ALIASES', 'CTRATE_REPO', 'CTRATE_REPORT_COLUMNS',
            'CTRATE_METADATA_COLUMNS', 'CTRATE_METADATA_FILES', 'CTRATE_REPORT_FILES', 'CATEGORY_CUES', 'PAIRED_ORGANS',
-           'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT', 'ctsvqa_model_name', 'ctsvqa_judgment_name',
-           'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume', 'ctsvqa_qid', 'normalise_categories',
-           'read_ctsvqa_questions', 'read_ctsvqa_predictions', 'read_ctsvqa_judgments', 'read_ctsvqa_reports',
-           'read_ctrate_reports', 'read_ctrate_metadata', 'fix_ctrate_volume', 'ctrate_path', 'hf_downloader',
-           'volumes_of', 'download_ctrate', 'split_report_sections', 'read_phantom_reports', 'classify_categories',
-           'category_cues', 'spatial_decision', 'is_spatial', 'heldout', 'multilabel_scores', 'binary_scores',
-           'qa_text', 'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw', 'published_filter_labels',
-           'read_human_disagreements', 'split_sentences', 'extract_facts', 'qa_from_fact', 'rule_qa_for_report',
-           'generate_rule_qa', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs', 'llm_generate_qa',
-           'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage', 'category_mix',
-           'plot_category_mix', 'add_cli']
+           'AUDIT_COLUMNS', 'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT', 'ctsvqa_model_name',
+           'ctsvqa_judgment_name', 'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume', 'ctsvqa_qid',
+           'normalise_categories', 'read_ctsvqa_questions', 'read_ctsvqa_predictions', 'read_ctsvqa_judgments',
+           'read_ctsvqa_reports', 'read_ctrate_reports', 'read_ctrate_metadata', 'fix_ctrate_volume', 'ctrate_path',
+           'hf_downloader', 'volumes_of', 'download_ctrate', 'ctsvqa_benchmark', 'split_report_sections',
+           'read_phantom_reports', 'classify_categories', 'category_cues', 'spatial_decision', 'is_spatial', 'heldout',
+           'multilabel_scores', 'binary_scores', 'qa_text', 'fit_text_classifier', 'grouped_cv_predict',
+           'read_ctsvqa_raw', 'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'positive_part',
+           'extract_facts', 'qa_from_fact', 'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report',
+           'twin_benchmark', 'audit_sample', 'audit_summary', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs',
+           'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage',
+           'category_mix', 'plot_category_mix', 'add_cli']
 
 # %% ../nbs/30_reports.ipynb #00c7c1c4
 JUDGE_ORDER = ("gemini2.5", "gpt", "qwen")  # upstream's order of judge files (its first judge names the rows)
@@ -358,6 +359,25 @@ def download_ctrate(volumes: Iterable[str], out: str | os.PathLike, *, metadata:
             log.warning("CT-RATE %s: %s", v, rejected[-1]["reason"])
     return sorted(recs, key=lambda r: r["volume"]), rejected
 
+# %% ../nbs/30_reports.ipynb #a4f5de9c
+def ctsvqa_benchmark(questions: Iterable[dict], ctrate_root: str | os.PathLike | None) -> tuple[list[dict], list[dict]]:
+    """(records, absent): one Track B benchmark record per CT-SpatialVQA question record (none dropped), `volume` the
+    file in `ctrate_root` in `ctrate-download`'s layout (None when absent, or when no root is set); `absent`: one
+    `{volume, path, questions}` per missing volume."""
+    root = Path(ctrate_root) if ctrate_root not in (None, "", "none", "null") else None
+    recs, missing = [], {}
+    for q in questions:
+        name = ctsvqa_volume(q["volume"])
+        path = root / ctrate_path(name, fixed=True) if root is not None else None
+        ok = path is not None and path.is_file()
+        if not ok:
+            m = missing.setdefault(name, dict(volume=name, path=None if path is None else str(path), questions=0))
+            m["questions"] += 1
+        recs.append(dict(qid=q["qid"], question=q["question"], answer=q["answer"], categories=list(q.get("categories") or []),
+                         format="text", ct_rate_volume=name, volume=str(path) if ok else None,
+                         volume_status="present" if ok else ("absent" if root is not None else "no CT-RATE root set")))
+    return recs, sorted(missing.values(), key=lambda m: m["volume"])
+
 # %% ../nbs/30_reports.ipynb #2b5d86d4
 _SECTION = re.compile(r"^\s*(TECHNIQUE|CLINICAL INFORMATION|FINDINGS|IMPRESSIONS?|CONCLUSIONS?)\s*:\s*(.*)$", re.I)
 _SECTION_KEY = {"technique": "technique", "clinical information": "clinical_information", "findings": "findings",
@@ -599,6 +619,17 @@ _MODIFIER = re.compile(r"(?:\b(?:\d+(?:[.,]\d+)?(?:\s*[x×]\s*\d+(?:[.,]\d+)?)?\
 _NEGATIVE = re.compile(r"^\s*(?:no|none|neither|there (?:is|are|was|were) no)\b|\bnot\s+(?:been\s+)?(?:detected|observed|seen|identified|found|"
                        r"present|noted|visualized)\b|\b(?:regress(?:ed|ion)|resolved|disappeared)\b|\bno\s+[^.;]{0,120}?\b(?:was|were|is|are)\s+(?:detected|observed|seen|identified)\b", re.I)
 _OBJECT_OF = re.compile(r"\b(?:adjacent to|around|near|next to|accompanying|accompanied by|with|to|into|from|than|of)\s+(?:the\s+|a\s+|an\s+)?(?:[\w-]+\s+){0,2}$", re.I)
+# a negation cue anywhere in a sentence: the clause that holds it, and everything after it, says nothing positive
+_NEG_CUE = re.compile(r"\b(?:no|not|without|none|neither|nor|absent|absence of|free of|negative for|ruled out|excluded|rather than)\b", re.I)
+_CLAUSE_END = re.compile(r"[,;:(]|\s(?:but|whereas|while|and)\s", re.I)
+
+def positive_part(sentence: str) -> str:
+    "The part of `sentence` before the clause that holds its first negation cue ('' when the negated clause comes first)."
+    m = _NEG_CUE.search(sentence)
+    if not m: return sentence
+    ends = [x.start() for x in _CLAUSE_END.finditer(sentence, 0, m.start())]
+    return sentence[:ends[-1]].strip(" ,;:") if ends else ""
+
 _ANAPHOR = re.compile(r"^\s*(?:it|they|these|this|the (?:described |mentioned )?(?:findings?|changes|appearances?|lesions?|areas?))\b", re.I)
 
 _SIDE_PHRASE = re.compile(r"\b(?:(?:in|of|on)\s+)?(?:the\s+)?(?P<side>right|left|both|bilateral(?:ly)?)\b", re.I)
@@ -658,6 +689,8 @@ def extract_facts(sentence: str, previous: dict | None = None) -> list[dict]:
     a sentence that refers back (`It is located peripherally`) uses `previous`'s finding."""
     s = " ".join(sentence.split())
     if _NEGATIVE.search(s): return []
+    s = positive_part(s)                # a negated clause (and what follows it) never becomes a fact
+    if not s: return []
     subjects = [x for x in _FINDING.finditer(s) if not _OBJECT_OF.search(s[max(0, x.start() - 40):x.start()])]
     m = subjects[0] if subjects else None
     if m:   # what the sentence says up to the next finding it names is about this one
@@ -807,6 +840,117 @@ def rule_qa_for_report(report: dict, max_per_report: int = 10, sections: Sequenc
 def generate_rule_qa(reports: Iterable[dict], max_per_report: int = 10, sections: Sequence[str] = ("findings", "impressions")) -> list[dict]:
     "Rule-based spatial QA records for every report (deterministic; no model)."
     return [r for rep in reports for r in rule_qa_for_report(rep, max_per_report, sections)]
+
+# %% ../nbs/30_reports.ipynb #b84e1382
+_SIZE = r"(?P<size>\d+(?:\.\d+)?\s*(?:mm|cm))"
+_LESION = re.compile(r"(?:^|\b(?:an?|there is an?(?:\s+ill-defined)?)\s+)" + _SIZE + r"\s+(?P<desc>(?:[a-z-]+\s+){0,2}?)"
+                     r"(?P<kind>nodule|mass|lesion)\s+in\s+the\s+(?P<loc>[^.;,]+)", re.I)
+_KIDNEY_LENGTHS = re.compile(r"\(right (?P<r>\d+(?:\.\d+)?) cm, left (?P<l>\d+(?:\.\d+)?) cm craniocaudal\)", re.I)
+_KIDNEY_STATE = re.compile(r"\bthe (?P<side>right|left) kidney is (?P<rest>[^.]+)", re.I)
+_FOSSA = re.compile(r"\bthe (?P<side>right|left) renal fossa is empty", re.I)
+_SITUS_INV = re.compile(r"\bthe (?P<left>[^;]+?) lies? on the left, the (?P<right>[^.;]+?) on the right", re.I)
+
+def _lesion_organ(kind: str, loc: str) -> str:
+    l = loc.lower()
+    if "hepatic" in l or "liver" in l: return "liver"
+    if "kidney" in l or "renal" in l: return "kidney"
+    if "pancrea" in l: return "pancreas"
+    if "splen" in l or "spleen" in l: return "spleen"
+    return "lung" if "lobe" in l else l.split()[-1]
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in re.split(r",\s*|\s+and\s+", text) if x.strip()]
+
+def twin_qa_for_report(report: dict, sections: Sequence[str] = ("findings", "impressions")) -> list[dict]:
+    """Report-grounded spatial QA records of one phantom report (`volume` and its sections), from the report's own
+    sentences: where each lesion lies (location, side, organ, upper/lower part), which kidney is longer, small,
+    enlarged, ectopic or removed, and which side each organ of a situs inversus lies on. Negated clauses are never
+    read (`positive_part`); each question is asked once per report, with its evidence sentence."""
+    out, seen_q, seen_lesion = [], set(), set()
+    def add(template, q, a, sent):
+        if q.lower() in seen_q: return
+        seen_q.add(q.lower())
+        out.append(dict(template=template, question=q, answer=_sentence(a), evidence=sent))
+    for sec in sections:
+        for sent in split_sentences(report.get(sec) or ""):
+            pos = positive_part(" ".join(sent.split()))
+            if not pos: continue
+            for m in _LESION.finditer(pos):
+                kind, loc = m["kind"].lower(), " ".join(m["loc"].split()).lower()
+                if (kind, loc) in seen_lesion: continue
+                seen_lesion.add((kind, loc))
+                desc = " ".join(m["desc"].lower().split()).replace("pulmonary ", "").replace("liver ", "").replace("splenic ", "")
+                subj = f"the {' '.join(m['size'].split())} {desc + ' ' if desc else ''}{kind}"
+                organ = _lesion_organ(kind, loc)
+                add("lesion_where", f"Where is {subj}?", f"In the {loc}", sent)
+                add("lesion_organ", f"Which organ contains {subj}?", f"The {organ}", sent)
+                side = re.search(r"\b(right|left)\b", loc)
+                if side and organ != "liver": add("lesion_side", f"Is {subj} on the right or the left side?", f"On the {side[1]}", sent)
+                if organ == "liver" and side: add("lesion_lobe", f"Which hepatic lobe contains {subj}?", f"The {side[1]} hepatic lobe", sent)
+                level = re.search(r"\b(upper|lower)\b", loc)
+                part = "lobe" if organ == "lung" else "pole"
+                if level: add("lesion_level", f"Is {subj} in an upper or a lower {part}?", f"In the {level[1]} {part}", sent)
+                if organ == "pancreas":
+                    p = re.search(r"\b(head|body|tail)\b", loc)
+                    if p: add("lesion_part", f"Which part of the pancreas contains {subj}?", f"The pancreatic {p[1]}", sent)
+            if m := _KIDNEY_LENGTHS.search(pos):
+                r, l = float(m["r"]), float(m["l"])
+                if abs(r - l) >= 0.5:
+                    add("kidney_longer", "Which kidney is longer craniocaudally?", f"The {'right' if r > l else 'left'} kidney", sent)
+            for m in _KIDNEY_STATE.finditer(pos):
+                sd, rest = m["side"].lower(), m["rest"].lower()
+                if h := re.search(r"\bin the (right|left) hemipelvis", rest):
+                    add("kidney_ectopic", f"Where is the {sd} kidney located?", f"In the {h[1]} hemipelvis", sent)
+                for state in ("small", "enlarged"):
+                    if re.search(rf"\b{state}\b", rest): add(f"kidney_{state}", f"Which kidney is {state}?", f"The {sd} kidney", sent)
+            if m := _FOSSA.search(pos): add("renal_fossa", "Which renal fossa is empty?", f"The {m['side'].lower()} renal fossa", sent)
+            if m := _SITUS_INV.search(pos):
+                for side in ("left", "right"):
+                    for organ in _names(m[side]):
+                        add("situs_organ", f"On which side does the {organ} lie?", f"On the {side}", sent)
+            if re.search(r"\bdextrocardia\b", pos, re.I): add("heart_side", "On which side of the chest is the heart?", "On the right (dextrocardia)", sent)
+            if re.fullmatch(r"situs solitus\.?", pos.strip(), re.I):
+                add("situs", "Is the situs solitus or inversus?", "Situs solitus", sent)
+    vol = report["volume"]
+    return [dict(qid=f"{vol}::twin-{i}", volume=vol, index=i, question=r["question"], answer=r["answer"],
+                 categories=classify_categories(r["question"], r["answer"]), template=r["template"], evidence=r["evidence"],
+                 generator="twin") for i, r in enumerate(out)]
+
+# %% ../nbs/30_reports.ipynb #9030611f
+def twin_benchmark(cohort: str | os.PathLike, relative_to: str | os.PathLike = ".") -> list[dict]:
+    "Twin benchmark records of a phantom cohort folder (its `cohort.json`): `twin_qa_for_report` of every report, with `volume`/`report` paths."
+    cohort, base = Path(cohort), Path(relative_to).resolve()
+    entries = read_json(cohort / "cohort.json")
+    out = []
+    for e in entries:
+        rep = dict(volume=e["subject_id"], **split_report_sections((cohort / e["report"]).read_text()))
+        rel = lambda p: os.path.relpath((cohort / p).resolve(), base)
+        out += [dict(qid=q["qid"], question=q["question"], answer=q["answer"], categories=q["categories"], volume=rel(e["image"]),
+                     format="text", scan_id=e["subject_id"], report=rel(e["report"]), template=q["template"], evidence=q["evidence"])
+                for q in twin_qa_for_report(rep)]
+    return out
+
+AUDIT_COLUMNS = ("qid", "question", "answer", "evidence", "verdict", "reason")
+
+def audit_sample(records: Sequence[dict], n: int = 100, seed: int = 0) -> list[dict]:
+    "A seeded sample of `n` generated questions (in qid order) with empty `verdict` and `reason` columns to fill."
+    rng = np.random.default_rng(seed)
+    recs = sorted(records, key=lambda r: r["qid"])
+    idx = sorted(rng.choice(len(recs), size=min(n, len(recs)), replace=False))
+    return [dict(qid=recs[i]["qid"], question=recs[i]["question"], answer=recs[i]["answer"], evidence=recs[i].get("evidence", ""),
+                 verdict="", reason="") for i in idx]
+
+def audit_summary(path: str | os.PathLike, records: Sequence[dict]) -> dict:
+    "Error rate of a filled audit sheet (`verdict` ok/error per row), with a 95% Wilson interval and the stale rows."
+    from spatialvqa.stats import wilson
+    rows = _read_csv(path, AUDIT_COLUMNS)
+    bad = sorted(set(rows["verdict"].astype(str).str.strip()) - {"ok", "error"})
+    if bad: raise ValueError(f"{path}: verdicts must be 'ok' or 'error', found {bad}")
+    cur = {(r["qid"], r["question"], r["answer"]) for r in records}
+    stale = sum((q, t, a) not in cur for q, t, a in zip(rows["qid"], rows["question"], rows["answer"]))
+    n, k = len(rows), int((rows["verdict"].str.strip() == "error").sum())
+    lo, hi = wilson(k, n)
+    return dict(audited=n, errors=k, error_rate=k / n if n else None, ci95=[round(lo, 4), round(hi, 4)], stale=int(stale), sheet=str(path))
 
 # %% ../nbs/30_reports.ipynb #003b01c7
 QA_SYSTEM = "You are a careful radiology assistant. You reply with JSON only."

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -619,6 +620,13 @@ def check_representation(representation: str) -> str:
     return r
 
 def _scans_of(record: Mapping, root: str | os.PathLike | None) -> list[dict]:
+    base = Path(root) if root is not None else None
+    fix = lambda p: str(base / p) if base is not None and not Path(p).is_absolute() else str(p)
+    if not record.get("label_maps") and "volume" in record and record.get("format") == "text":   # a free-text (Track B) record
+        if not record.get("volume"):
+            raise ValueError(f"record {record.get('qid')}: its CT volume is absent ({record.get('volume_status') or 'no path'})")
+        return [{"scan_id": record.get("scan_id") or record.get("ct_rate_volume") or Path(record["volume"]).name,
+                 "image": fix(record["volume"]), "labels": None}]
     images, labels = record.get("images") or [], record.get("label_maps") or []
     ids = record.get("scan_ids") or [record.get("scan_id")] * len(labels)
     if not labels or len(labels) != len(images) or len(ids) != len(labels):
@@ -652,6 +660,7 @@ def _render_scan(scan: Mapping, representation: str, named: Sequence[tuple[str, 
         a = p(vol)
         return [a], [{"scan_id": scan["scan_id"], "preset": p.name, "model": p.model, "axes": p.axes,
                       "shape": list(a.shape), "dtype": str(a.dtype), "source": p.source}]
+    if scan.get("labels") is None: return _render_whole(scan, representation, params)
     sc = _load(scan)
     names, ids = [n for n, _ in named], [i for _, i in named]
     window = tuple(params["window"])
@@ -679,6 +688,33 @@ def make_input(record: Mapping, representation: str, root: str | os.PathLike | N
     kind = "volume" if r.startswith("volume:") else "images"
     return ModelInput(r, kind, arrays, {"qid": record.get("qid"), "representation": r, "kind": kind, "params": p, "items": metas})
 
+# %% ../nbs/40_views.ipynb #30dc6707
+def _render_whole(scan: Mapping, representation: str, params: Mapping) -> tuple[list[np.ndarray], list[dict]]:
+    "Planes through the centre of the whole volume `scan['image']` (no label map): the 2D input of a free-text record."
+    if representation == "grid": raise ValueError(f"{scan['image']}: the grid needs a label map; use a view or a volume preset")
+    vol = read_volume(scan["image"])
+    corners = np.array(list(itertools.product(*[(0, n - 1) for n in vol.array.shape])), dtype=np.float64)
+    world = np.c_[corners, np.ones(len(corners))] @ vol.affine[:3].T
+    lo, hi = world.min(0), world.max(0)
+    center, fov, size = (lo + hi) / 2, float((hi - lo).max()), int(params["size"])
+    views = VIEWS if representation == "three_views" else (representation,)
+    lo_hu, hi_hu = params["window"]
+    fsize = max(10, size // 32)
+    arrays, metas = [], []
+    for view in views:
+        grey = apply_window(sample_plane(vol, view, center, fov, size, order=1, cval=AIR_HU), (lo_hu, hi_hu))
+        rgb = np.repeat(grey[..., None], 3, axis=-1)
+        if params["label"]:
+            left, right, top, bottom = MARKERS[view]
+            rgb = _draw_text(rgb, [(view.capitalize(), (4, 3), "la", (255, 255, 255)), (left, (4, size / 2), "lm", (255, 255, 0)),
+                                   (right, (size - 4, size / 2), "rm", (255, 255, 0)), (top, (size / 2, 3), "ma", (255, 255, 0)),
+                                   (bottom, (size / 2, size - 3), "md", (255, 255, 0))], fsize)
+        arrays.append(rgb)
+        metas.append({"view": view, "scan_id": scan.get("scan_id"), "center_mm": [round(float(c), 3) for c in center],
+                      "fov_mm": round(fov, 3), "pixel_mm": round(fov / size, 4), "size": size, "window_hu": [lo_hu, hi_hu],
+                      "whole_volume": True, "orientation": dict(zip(("left", "right", "top", "bottom"), MARKERS[view]))})
+    return arrays, metas
+
 # %% ../nbs/40_views.ipynb #7df0146f
 _DIGESTS: dict[tuple, str] = {}
 
@@ -701,7 +737,7 @@ def item_key(scan: Mapping, representation: str, params: Mapping, named: Sequenc
     r = check_representation(representation)
     content = {"v": VIEWS_VERSION, "rep": r, "params": dict(params), "image": file_digest(scan["image"])}
     if not r.startswith("volume:"):
-        content["labels"] = file_digest(scan["labels"])
+        content["labels"] = None if scan.get("labels") is None else file_digest(scan["labels"])
         content["structures"] = [[n, int(i)] for n, i in named]
     return stable_hash(content, n=20)
 
