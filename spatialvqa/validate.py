@@ -29,15 +29,17 @@ from .questions import (LETTERS, MIN_VOXELS, TASKS, evaluate, geometry_from_affi
                                   markdown_table, structure_from_row, to_frame)
 
 # %% auto #0
-__all__ = ['REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
-           'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
-           'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
-           'AtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote',
-           'trivial', 'Validation', 'filter_report', 'blind_accuracy', 'blind_audit', 'validate', 'review_sheet',
-           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
-           'report_markdown', 'write_validation', 'add_cli']
+__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'FILTERS', 'SCORES',
+           'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise',
+           'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features',
+           'TextAnswerer', 'AtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'make_answerers',
+           'cross_fit', 'vote', 'trivial', 'Validation', 'filter_report', 'blind_accuracy', 'blind_audit', 'validate',
+           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
+BORDER = "touches the border of the scan"
+
 def structure_problems(structures: pd.DataFrame, scans: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS,
                        ranges: bool = True, border: bool = True, max_components: int | None = None) -> dict[tuple[str, str], str]:
     """What is wrong with each implausible structure of the measure stage's `structures` table, keyed by
@@ -52,7 +54,7 @@ def structure_problems(structures: pd.DataFrame, scans: pd.DataFrame | None = No
         s, sid = structure_from_row(row), str(row["scan_id"])
         g = geoms.get(sid)
         if s.voxels < min_voxels: why = f"{s.voxels} voxels < {min_voxels}"
-        elif g is not None and g.touches_edge(s): why = "touches the border of the scan"
+        elif g is not None and g.touches_edge(s): why = BORDER
         elif max_components is not None and s.components is not None and s.components > max_components:
             why = f"{s.components} connected components > {max_components}"
         elif ranges and (rr := reference_range(s.name)) and not rr[0] <= s.volume_ml <= rr[1]:
@@ -89,12 +91,16 @@ def plausibility(records: Sequence[dict], structures: pd.DataFrame | None = None
                  min_voxels: int = MIN_VOXELS, ranges: bool = True, border: bool = True,
                  max_components: int | None = None) -> tuple[list[dict], list[dict]]:
     """Split `records` into those whose structures are all plausible and the removed ones (with `removed_by` and
-    `reason`). `structures`/`scans`: the measure stage's tables (default: rebuilt from the records, no border test)."""
+    `reason`). `structures`/`scans`: the measure stage's tables (default: rebuilt from the records, no border test).
+    A structure cut by the scan's border is no fault in a question scoped to the scanned region (its spec has a
+    `region`: the generator asked only what the unseen part cannot change); any other question about it is removed."""
     tab = structures if structures is not None else table_from_records(records)
     probs = structure_problems(tab, scans, min_voxels, ranges, border, max_components)
     kept, removed = [], []
     for r in records:
-        why = [f"{n} in {s}: {probs[(s, n)]}" for s, n in involved(r) if (s, n) in probs]
+        scoped = bool((r.get("spec") or {}).get("region"))
+        why = [f"{n} in {s}: {probs[(s, n)]}" for s, n in involved(r)
+               if (s, n) in probs and not (scoped and probs[(s, n)] == BORDER)]
         if why: removed.append(_removed(r, "plausibility", "; ".join(why)))
         else: kept.append(r)
     return kept, removed
