@@ -8,6 +8,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/validate.html.md"""
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import re
@@ -20,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .anatomy import REFERENCE, reference_range
+from .anatomy import REFERENCE, reference_range, typical_volume
 from .core import atomic_write, dumps, get_logger, stable_hash
 from .stats import cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .measure import Structure
@@ -30,15 +31,15 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
                                   markdown_table, structure_from_row, to_frame)
 
 # %% auto #0
-__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL', 'FILTERS',
-           'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records', 'plausibility',
-           'normalise', 'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features',
-           'question_features', 'TextAnswerer', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer',
-           'NameCueAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote',
-           'trivial', 'chance_subsample', 'is_real', 'balance_letters', 'Validation', 'filter_report', 'blind_accuracy',
-           'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet', 'Reviews',
-           'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown', 'write_validation',
-           'add_cli']
+__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL',
+           'CHANCE_ROUNDS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
+           'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
+           'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'AtlasAnswerer',
+           'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
+           'make_answerers', 'cross_fit', 'vote', 'trivial', 'chance_subsample', 'is_real', 'balance_letters',
+           'Validation', 'filter_report', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet',
+           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
+           'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -364,28 +365,43 @@ class TextAnswerer:
 
 # %% ../nbs/24_validate.ipynb #41aada6c
 class AtlasAnswerer:
-    "Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`."
+    """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
+    With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
+    OTHER scans (never the question's own): the strongest atlas a set of scans allows, and no folds to pick."""
     name = "atlas"
     needs_fit = True
 
-    def __init__(self, seed: int = 0): self.seed = int(seed)
+    def __init__(self, seed: int = 0, loso: bool = False):
+        self.seed, self.loso = int(seed), bool(loso)
+        if self.loso: self.needs_fit = False
 
     def fit(self, records: Sequence[dict]) -> "AtlasAnswerer":
         per: dict[str, dict] = defaultdict(dict)
         for r in records:
             for m in (r.get("measurements") or {}).get("structures") or []: per[m["name"]][m["scan_id"]] = m
-        self.atlas = {}
-        for n, by_scan in per.items():
-            ms = list(by_scan.values())
-            med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
-            c, e = med("bbox_center_mm"), med("extent_mm")
-            self.atlas[n] = Structure(label=int(ms[0]["label"]), name=n, voxels=int(med("voxels")),
-                                      volume_ml=float(med("volume_ml")), centroid=tuple(med("centroid_mm").tolist()),
-                                      bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
+        self._per, self._cache = per, {}
+        self.atlas = self._median(())
         return self
 
+    def _median(self, exclude) -> dict[str, Structure]:
+        out = {}
+        for n, by_scan in self._per.items():
+            ms = [m for s, m in by_scan.items() if s not in exclude]
+            if not ms: continue
+            med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
+            c, e = med("bbox_center_mm"), med("extent_mm")
+            out[n] = Structure(label=int(ms[0]["label"]), name=n, voxels=int(med("voxels")),
+                               volume_ml=float(med("volume_ml")), centroid=tuple(med("centroid_mm").tolist()),
+                               bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
+        return out
+
     def _evaluate(self, r: dict) -> dict | None:
-        try: return evaluate(r, [self.atlas] * len(r["scan_ids"]))
+        atlas = self.atlas
+        if getattr(self, "loso", False):
+            key = tuple(sorted(set(r["scan_ids"])))
+            if key not in self._cache: self._cache[key] = self._median(set(key))
+            atlas = self._cache[key]
+        try: return evaluate(r, [atlas] * len(r["scan_ids"]))
         except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
 
     def proba(self, r: dict) -> list[float] | None:
@@ -436,6 +452,37 @@ class TextbookAnswerer(AtlasAnswerer):
         self.atlas = {n: s for n in REFERENCE if (s := textbook_structure(n)) is not None}
 
     def fit(self, records: Sequence[dict]) -> "TextbookAnswerer": return self
+
+    def _rank(self, r: dict) -> int | None:
+        """The option a textbook picks on size questions by typical volumes alone, sharper than `evaluate`'s margins:
+        the most extreme typical volume (COMP.extreme, VOL.threshold, COMP.than relative to the reference), the
+        ordering the typical volumes agree with (COMP.rank), the value or range nearest the typical volume (VOL)."""
+        sp, sub, tv = r["spec"], r["subtask"], typical_volume
+        opts = sp.get("options") or []
+        try:
+            if sub in ("COMP.extreme", "VOL.threshold"):
+                v = np.array([tv(o) for o in opts], float)
+                return int(np.argmax(v) if sp["sense"] > 0 else np.argmin(v))
+            if sub == "COMP.than":
+                return int(np.argmax([(tv(o) / tv(sp["ref"])) ** sp["sense"] for o in opts]))
+            if sub == "COMP.rank":
+                for i, o in enumerate(opts):
+                    v = [tv(n) for n in o][:: sp["sense"]]
+                    if all(x >= y for x, y in zip(v, v[1:])): return i
+            if sub == "VOL.value": return int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))
+            if sub == "VOL.range":
+                t = tv(sp["a"])
+                for i, (lo, hi) in enumerate(opts):
+                    if (lo is None or t >= lo) and (hi is None or t < hi): return i
+        except (TypeError, ValueError, ZeroDivisionError, KeyError):
+            return None
+        return None
+
+    def proba(self, r: dict) -> list[float] | None:
+        if r["format"] != "mc": return None
+        k = self._rank(r)
+        if k is None: return super().proba(r)
+        return [1.0 if i == k else 0.0 for i in range(len(r["options"]))]
 
 _SIDE = re.compile(r"\b(left|right)\b")
 
@@ -508,7 +555,8 @@ RULES = {"any": lambda k, n: k >= 1, "at_least_half": lambda k, n: 2 * k >= n,
          "more_than_half": lambda k, n: 2 * k > n, "all": lambda k, n: k == n}
 SOFT_MAJORITY = 0.5          # `soft_majority`: trivial when the mean probability of the correct answer reaches this
 RULE_NAMES = ("chance", "soft_majority", *RULES)   # chance: `chance_subsample` per task (numeric: soft_majority)
-ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": AtlasAnswerer, "textbook": TextbookAnswerer,
+ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": functools.partial(AtlasAnswerer, loso=True),
+             "textbook": TextbookAnswerer,
              "name_cue": NameCueAnswerer}
 
 def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, seed: int = 0) -> list:
@@ -535,7 +583,7 @@ def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed
     out: dict[str, dict] = {r["qid"]: {} for r in records}
     for a in answerers:
         if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), "scan_id", folds, seed)
-        else: got = _answer(a, records)
+        else: got = _answer(a.fit(records) if getattr(a, "loso", False) else a, records)
         for r, e in zip(records, got): out[r["qid"]][a.name] = e
     return out
 
@@ -558,7 +606,8 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
     return RULES[rule](k, len(answered)), f"{k} of {len(answered)} blind answerers right ({rule})"
 
 # %% ../nbs/24_validate.ipynb #43dead52
-CHANCE_TOL = 0.03    # `balance`: every filter answerer's accuracy per task ends within chance +- this
+CHANCE_TOL = 0.03    # `chance`: every filter answerer's accuracy per task ends within chance +- this
+CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
 
 def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
                      tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0) -> list[bool]:
@@ -725,11 +774,21 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     kept = []
     drop_mc: dict[str, str] = {}
     if rule == "chance" and ans:
-        names = [a.name for a in ans]
-        for t in MC_TASKS:
-            rs = [r for r in pool if r["task"] == t and r["format"] == "mc"]
-            for r, k in zip(rs, chance_subsample(rs, preds, names, protect=protect, seed=seed)):
-                if not k: drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
+        # rounds: the answerers learn (and the atlas takes its medians) from the questions still in the set, so
+        # after each subsample they are fitted again on what is left, until nothing more is dropped
+        names, live = [a.name for a in ans], list(pool)
+        for rnd in range(CHANCE_ROUNDS):
+            now = cross_fit(live, ans, folds, seed) if rnd else preds
+            preds.update(now)
+            dropped = 0
+            for t in MC_TASKS:
+                rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
+                for r, k in zip(rs, chance_subsample(rs, now, names, protect=protect, seed=seed)):
+                    if not k:
+                        drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
+                        dropped += 1
+            live = [r for r in live if r["qid"] not in drop_mc]
+            if not dropped: break
     for r in pool:
         e = preds[r["qid"]]
         if rule == "chance" and r["format"] == "mc": drop, why = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
