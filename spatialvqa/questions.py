@@ -176,12 +176,12 @@ def _side_of(v: float, thr: float, tol: float) -> int | None:
 
 # %% ../nbs/20_questions.ipynb #6b6c0026
 def fmt_number(v: float, unit: str | None = None) -> str:
-    "How a value is shown: mm as whole numbers, mL with three significant digits, ratios with two decimals."
+    "How a value is shown: mm as whole numbers, mL and ratios with three significant digits."
     if unit == "mm": s = f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}"
     elif unit == "mL":
         a = abs(v)
         s = f"{v:.0f}" if a >= 100 else f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
-    elif unit == "ratio": s = f"{v:.2f}"
+    elif unit == "ratio": s = f"{v:.3g}"
     else: s = f"{v:g}"
     return f"{s} {unit}" if unit in ("mm", "mL") else s
 
