@@ -1163,10 +1163,15 @@ def _dedup_key(item: dict) -> tuple:
     return (tuple(sorted(item["scan_ids"])), item["subtask"], tuple(sorted(item["structures"])), dumps(spec, sort_keys=True))
 
 def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: Mapping[str, int], seed: int,
-                tumour_share: float, max_tries: int, seen: set) -> list[dict]:
-    "Candidate questions of one scan, task by task, each subtask in turn; a share of them about its tumours."
+                tumour_share: float, max_tries: int, seen: set, focus: Sequence[str] = (),
+                focus_share: float = 0.5) -> list[dict]:
+    """Candidate questions of one scan, task by task, each subtask in turn; a share of them about its tumours, or,
+    when `focus` names structures of the scan, a `focus_share` of them about those (e.g. a counterfactual copy's
+    resized structure, so that its pair's answer can change)."""
     rng = _rng(seed, c.scan_id)
-    tumours = [n for n in c.pool if is_tumour(n)]
+    focused = [n for n in focus if n in c.pool]
+    tumours = focused or [n for n in c.pool if is_tumour(n)]
+    if focused: tumour_share = focus_share
     others = [contexts[s] for s in sorted(contexts) if s != c.scan_id]
     items = []
     for task in TASKS:
@@ -1341,13 +1346,15 @@ def parse_per_source(text: str | Mapping | None) -> dict[str, dict[str, int]]:
 def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mapping[str, int] | None = None,
                        tasks: Sequence[str] = TASKS, scans: pd.DataFrame | None = None, tumour_share: float = 0.5,
                        min_voxels: int = MIN_VOXELS, max_tries: int = 40,
-                       per_source: Mapping[str, Mapping[str, int]] | str | None = None) -> list[dict]:
+                       per_source: Mapping[str, Mapping[str, int]] | str | None = None,
+                       focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
     unambiguous ones); `per_source`: budgets that replace it, task by task, for the scans of a source (`parse_per_source`). `scans`: the measure stage's scans table (voxel sizes for the tolerances, the scan's
-    border, so that structures cut by it are skipped, and the file paths). `tumour_share`: in scans with
-    tumours, the share of questions that involve one. Returns records sorted by scan, task and qid
+    box, so that structures its faces cut are asked about only within it, and the file paths). `tumour_share`: in scans with
+    tumours, the share of questions that involve one; `focus`: per scan id, structures that a `focus_share` of that
+    scan's questions involve instead (None: the tumours, as before). Returns records sorted by scan, task and qid
     (fields: `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]
@@ -1364,7 +1371,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     per_source = parse_per_source(per_source)
     for sid in sorted(contexts):
         budget = {t: n for t, n in {**per_scan, **per_source.get(contexts[sid].group, {})}.items() if t in tasks}
-        items += _scan_items(contexts[sid], contexts, budget, seed, tumour_share, max_tries, seen)
+        items += _scan_items(contexts[sid], contexts, budget, seed, tumour_share, max_tries, seen,
+                             (focus or {}).get(sid, ()), focus_share)
     ids = [it["qid"] for it in items]
     assert len(ids) == len(set(ids)), "duplicate qids"
     _assign_letters(items, seed)
