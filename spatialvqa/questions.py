@@ -12,30 +12,33 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from .anatomy import ANATOMY, TUMOURS, readable
+from .anatomy import ANATOMY, REFERENCE, TUMOURS, counterpart, readable, reference_range
 from .core import dumps, get_logger, stable_hash
 from .measure import Structure, bbox_center_distance, direction, measure_labels, offset
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
-           'MIN_VOXELS', 'TEMPLATES', 'SUBTASKS', 'POINTS', 'EVALUATORS', 'GENERATORS', 'DEFAULT_PER_SCAN',
-           'RECORD_FIELDS', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume',
-           'direction_margin', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
-           'host_of', 'phrase', 'structure_from_row', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
-           'contexts_from_tables', 'generate_questions', 'structures_of', 'rederive', 'check_record', 'base_qid',
-           'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance', 'composition_long',
-           'composition', 'markdown_table']
+           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE', 'SUBTASKS', 'POINTS',
+           'EVALUATORS', 'ELONGATED', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'NO_TUMOUR', 'Geometry',
+           'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'vol_larger',
+           'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row',
+           'plane_phrase', 'phys_extent', 'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
+           'positional', 'plausible_volume', 'plausible_length', 'related', 'contexts_from_tables', 'parse_budget',
+           'parse_per_source', 'generate_questions', 'structures_of', 'crop_to_region', 'rederive', 'check_record',
+           'base_qid', 'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance',
+           'composition_long', 'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
 MC_TASKS = TASKS[:5]
 LETTERS = "ABCD"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors
 DIRECTIONS = {"right": (0, 1), "left": (0, -1), "anterior": (1, 1), "posterior": (1, -1),
               "superior": (2, 1), "inferior": (2, -1)}
 REL_TOL = 0.10        # every measurement is uncertain by at least 10 % of its value
@@ -43,14 +46,41 @@ MIN_RATIO = 1.25      # two numbers shown as different options differ at least b
 THR_RATIO = 1.15      # a value on one side of a threshold is at least this factor away from it
 DIR_RATIO = 1.5       # a direction is 'the' direction when its offset is this many times the next axis'
 MIN_VOXELS = 50       # smaller structures are not asked about
+MIN_VOLEST_RATIO = 1.5  # a volume ratio asked for is at least this far from 1 (either way): "1" must not earn MRA
 
 # %% ../nbs/20_questions.ipynb #3c9dda9f
 @dataclass(frozen=True)
 class Geometry:
-    """Voxel size along the world axes (RAS+ mm) and the world box of a scan's voxel centres (None: unknown)."""
+    """Voxel size along the world axes (RAS+ mm), the world box of a scan's voxel centres (None: unknown), the
+    world size of one voxel's box along each axis (`box`: the row sums of |affine|, the spacing when axis-aligned)
+    and whether the grid is axis-aligned (a permutation/flip of the world axes)."""
     spacing: tuple[float, float, float]
     lo: tuple[float, float, float] | None = None
     hi: tuple[float, float, float] | None = None
+    box: tuple[float, float, float] | None = None
+    aligned: bool = True
+
+    @property
+    def voxel_box(self) -> np.ndarray:
+        "World size (mm) of one voxel's box along x, y, z: what a box over voxel centres lacks of the physical size."
+        return np.asarray(self.spacing if self.box is None else self.box, dtype=np.float64)
+
+    def cut_axes(self, s: Structure) -> frozenset[int]:
+        """The world axes (0 x, 1 y, 2 z) along which `s` reaches a face of the scan, so that part of it may lie
+        outside: a thin axial slab cuts organs along z only. An oblique grid's faces are not world planes: a
+        structure touching its box is taken as cut along every axis."""
+        if self.lo is None: return frozenset()
+        half = np.asarray(self.spacing) / 2
+        lo = np.asarray(s.bbox_min) <= np.asarray(self.lo) + half
+        hi = np.asarray(s.bbox_max) >= np.asarray(self.hi) - half
+        ax = frozenset(int(i) for i in np.flatnonzero(lo | hi))
+        return frozenset({0, 1, 2}) if ax and not self.aligned else ax
+
+    def region(self) -> dict | None:
+        "The scanned region as a world box over the voxels' outer faces (mm), as questions about cut structures state it."
+        if self.lo is None: return None
+        b = self.voxel_box / 2
+        return {"lo": [round(float(v), 4) for v in np.asarray(self.lo) - b], "hi": [round(float(v), 4) for v in np.asarray(self.hi) + b]}
 
     @property
     def diag(self) -> float:
@@ -72,10 +102,12 @@ def geometry_from_affine(affine, shape=None) -> Geometry:
     A = np.asarray([list(r) for r in affine], dtype=np.float64)
     m, t = A[:3, :3], A[:3, 3]
     sp = tuple(float(v) for v in np.linalg.norm(m, axis=1))
-    if shape is None: return Geometry(sp)
+    box = tuple(float(v) for v in np.abs(m).sum(axis=1))
+    aligned = bool(np.all((np.abs(m) > 1e-6 * np.abs(m).max()).sum(axis=0) == 1))
+    if shape is None: return Geometry(sp, box=box, aligned=aligned)
     corners = np.array(list(itertools.product(*[(0, int(n) - 1) for n in list(shape)[:3]])), dtype=np.float64)
     w = corners @ m.T + t
-    return Geometry(sp, tuple(w.min(0).tolist()), tuple(w.max(0).tolist()))
+    return Geometry(sp, tuple(w.min(0).tolist()), tuple(w.max(0).tolist()), box, aligned)
 
 # %% ../nbs/20_questions.ipynb #7879ffda
 def tol_distance(d: float, g: Geometry) -> float:
@@ -144,12 +176,12 @@ def _side_of(v: float, thr: float, tol: float) -> int | None:
 
 # %% ../nbs/20_questions.ipynb #6b6c0026
 def fmt_number(v: float, unit: str | None = None) -> str:
-    "How a value is shown: mm as whole numbers, mL with three significant digits, ratios with two decimals."
+    "How a value is shown: mm as whole numbers, mL and ratios with three significant digits."
     if unit == "mm": s = f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}"
     elif unit == "mL":
         a = abs(v)
         s = f"{v:.0f}" if a >= 100 else f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 1 else f"{v:.3f}"
-    elif unit == "ratio": s = f"{v:.2f}"
+    elif unit == "ratio": s = f"{v:.3g}"
     else: s = f"{v:g}"
     return f"{s} {unit}" if unit in ("mm", "mL") else s
 
@@ -292,12 +324,29 @@ TEMPLATES: dict[str, list[str]] = {
         "Estimate the volume of {a} in mL.",
         "How many millilitres does {a} occupy?"],
     "VOLEST.ratio": [
-        "How many times larger is {a} than {b}, by volume?",
+        "What is the volume of {a} divided by the volume of {b}?",
         "What is the ratio of the volume of {a} to the volume of {b}?"],
     "VOLEST.cross_case": [
-        "Two scans are shown. How many times larger is {a} in the first scan than in the second?",
+        "Two scans are shown. What is the volume of {a} in the first scan divided by its volume in the second?",
         "Comparing the two scans, what is the ratio of the volume of {a} in the first scan to its volume in the second?"],
 }
+# Every question ends with the convention and unit of what it measures (one sentence per task), and a question
+# about a structure that the scan's faces cut says that only the scanned part counts (`SCOPE`).
+CONVENTIONS: dict[str, str] = {
+    "DIR": "Positions are compared in the patient's frame by each structure's centre of mass and the centre of its bounding box.",
+    "DIST": "Distances are in millimetres between the centres of the structures' bounding boxes.",
+    "EXT": "Extents are in millimetres, between the outer faces of the outermost voxels (the voxel bounding box).",
+    "VOL": "Volumes are in millilitres (voxel count times voxel volume).",
+    "COMP": "Volumes are compared as voxel count times voxel volume.",
+    "VOLEST": "Volumes are in millilitres (voxel count times voxel volume); a ratio is a plain number.",
+}
+SCOPE = "The scan covers only part of the body: consider only the parts of the structures inside the scanned region."
+PLANE = {(0, 1): "axial", (0, 2): "coronal", (1, 2): "sagittal"}
+
+def plane_phrase(axes: Sequence[int]) -> str:
+    "How a distance over two world axes is described: 'measured in the axial plane (left-right and anterior-posterior only)'."
+    a = tuple(sorted(axes))
+    return f"in the {PLANE[a]} plane ({' and '.join(_AXIS_WORD[i] for i in a)} components only)"
 SUBTASKS = tuple(TEMPLATES)
 _DIR_OPTION = {"right": "To the patient's right", "left": "To the patient's left", "anterior": "Anterior (in front)",
                "posterior": "Posterior (behind)", "superior": "Superior (toward the head)", "inferior": "Inferior (toward the feet)"}
@@ -313,7 +362,18 @@ _AXIS_SUP = {0: "widest (largest left-right extent)", 1: "deepest (largest anter
 
 # %% ../nbs/20_questions.ipynb #b5951354
 def _geoms(spec) -> list[Geometry]:
-    return [Geometry(tuple(sp)) for sp in spec["spacing_mm"]]
+    boxes = spec.get("voxel_box_mm") or spec["spacing_mm"]
+    return [Geometry(tuple(sp), box=tuple(b)) for sp, b in zip(spec["spacing_mm"], boxes)]
+
+def phys_extent(s: Structure, g: Geometry) -> np.ndarray:
+    """Physical left-right, anterior-posterior, superior-inferior extent (mm): the world box over the voxels'
+    outer faces, i.e. the span of voxel centres plus one voxel box (`Geometry.voxel_box`, right for oblique grids too)."""
+    return np.asarray(s.extent, dtype=np.float64) + g.voxel_box
+
+def box_distance(a: Structure, b: Structure, axes: Sequence[int] | None = None) -> float:
+    "Distance (mm) between the bounding-box centres of `a` and `b`, over world `axes` only (default: all three)."
+    d = a.bbox_center - b.bbox_center
+    return float(np.linalg.norm(d if axes is None else d[list(axes)]))
 
 POINTS = ("centroid", "bbox_center")   # a direction must hold for both: the centroid and the bounding-box centre
 
@@ -363,19 +423,19 @@ def _ev_dir_relative_to(spec, S, G):
 def _dist_tol(g): return lambda x: tol_distance(x, g)
 
 def _ev_dist_value(spec, S, G):
-    t = bbox_center_distance(S[0][spec["a"]], S[0][spec["b"]])
+    t = box_distance(S[0][spec["a"]], S[0][spec["b"]], spec.get("axes"))
     tol = _dist_tol(G[0])
     return [_num_truth(v, t, tol) for v in spec["options"]], t, {"distance_mm": t, "tolerance": tol(t)}
 
 def _ev_dist_best(spec, S, G, farthest: bool):
     ref, tol = S[0][spec["ref"]], _dist_tol(G[0])
-    d = [bbox_center_distance(ref, S[0][n]) for n in spec["options"]]
+    d = [box_distance(ref, S[0][n], spec.get("axes")) for n in spec["options"]]
     beats = (lambda x, y: _num_distinct(x, y, tol)) if farthest else (lambda x, y: _num_distinct(y, x, tol))
     return _argbest(d, beats), None, {"distance_mm": dict(zip(spec["options"], d))}
 
 def _ev_dist_within(spec, S, G):
     ref, tol, thr = S[0][spec["ref"]], _dist_tol(G[0]), spec["threshold"]
-    d = [bbox_center_distance(ref, S[0][n]) for n in spec["options"]]
+    d = [box_distance(ref, S[0][n], spec.get("axes")) for n in spec["options"]]
     side = [_side_of(x, thr, tol(x)) for x in d]
     return [None if s is None else s < 0 for s in side], None, {"distance_mm": dict(zip(spec["options"], d))}
 
@@ -383,19 +443,19 @@ def _ev_range(t, tol_t, bins):
     return [_in_bin(t, lo, hi, tol_t) for lo, hi in bins]
 
 def _ev_dist_range(spec, S, G):
-    t = bbox_center_distance(S[0][spec["a"]], S[0][spec["b"]])
+    t = box_distance(S[0][spec["a"]], S[0][spec["b"]], spec.get("axes"))
     tt = tol_distance(t, G[0])
     return _ev_range(t, tt, spec["options"]), t, {"distance_mm": t, "tolerance": tt}
 
 # %% ../nbs/20_questions.ipynb #c5077e94
 def _ev_ext_value(spec, S, G):
     ax = spec["axis"]
-    t = float(S[0][spec["a"]].extent[ax])
+    t = float(phys_extent(S[0][spec["a"]], G[0])[ax])
     tol = lambda x: tol_extent(x, ax, G[0])
     return [_num_truth(v, t, tol) for v in spec["options"]], t, {"extent_mm": t, "tolerance": tol(t)}
 
 def _ev_ext_bbox(spec, S, G):
-    e = [float(v) for v in S[0][spec["a"]].extent]
+    e = [float(v) for v in phys_extent(S[0][spec["a"]], G[0])]
     truth = []
     for o in spec["options"]:
         per = [_num_truth(o[ax], e[ax], lambda x, ax=ax: tol_extent(x, ax, G[0])) for ax in range(3)]
@@ -405,7 +465,7 @@ def _ev_ext_bbox(spec, S, G):
 def _ev_ext_max(spec, S, G):
     ax = spec["axis"]
     tol = lambda x: tol_extent(x, ax, G[0])
-    e = [float(S[0][n].extent[ax]) for n in spec["options"]]
+    e = [float(phys_extent(S[0][n], G[0])[ax]) for n in spec["options"]]
     return _argbest(e, lambda x, y: _num_distinct(x, y, tol)), None, {"extent_mm": dict(zip(spec["options"], e))}
 
 # %% ../nbs/20_questions.ipynb #c8f3dbe8
@@ -529,8 +589,17 @@ class ScanContext:
     hosts: dict[str, str] = field(default_factory=dict)
     excluded: dict[str, str] = field(default_factory=dict)
     group: str = ""        # scans are compared across cases only within a group (same source)
+    cut: dict[str, frozenset] = field(default_factory=dict)   # world axes along which the scan's faces cut a structure
 
     def s(self, name: str) -> Structure: return self.structs[name]
+
+    def cut_of(self, names: Iterable[str]) -> frozenset:
+        "The world axes along which any of `names` is cut by the scan's faces."
+        return frozenset().union(*[self.cut.get(n, frozenset()) for n in names])
+
+    def restrict(self, keep: Callable[[str], bool]) -> "ScanContext":
+        "A copy whose pool holds only the structures `keep` accepts (the structures themselves are shared)."
+        return dataclasses.replace(self, pool=[n for n in self.pool if keep(n)])
 
     def related(self, name: str) -> set[str]:
         "`name`, and the lesion/host it is tied to: questions never pit a tumour against its own host organ."
@@ -556,7 +625,8 @@ class ScanContext:
 def scan_context(scan_id: str, table: pd.DataFrame, geom: Geometry | None = None, min_voxels: int = MIN_VOXELS,
                  group: str = "") -> ScanContext:
     """The `ScanContext` of one scan from its rows of the structures table. Structures with fewer than
-    `min_voxels` voxels, or touching the border of the scan (when `geom` knows it), are not asked about."""
+    `min_voxels` voxels are not asked about; those the scan's faces cut (`Geometry.cut_axes`, when `geom` knows the
+    scan's box) are asked about only in ways that the unseen part cannot change (`TRUNCATION`)."""
     structs = {str(r["name"]): structure_from_row(r) for _, r in table.iterrows()}
     if geom is None:  # no scans table: a cube of the voxel volume implied by volume / voxels
         v = [s.volume_ml * 1000 / s.voxels for s in structs.values() if s.voxels]
@@ -564,10 +634,10 @@ def scan_context(scan_id: str, table: pd.DataFrame, geom: Geometry | None = None
     excluded = {}
     for n, s in structs.items():
         if s.voxels < min_voxels: excluded[n] = f"{s.voxels} voxels < {min_voxels}"
-        elif geom.touches_edge(s): excluded[n] = "touches the border of the scan"
+    cut = {n: ax for n, s in structs.items() if (ax := geom.cut_axes(s))}
     hosts = {n: h for n, s in structs.items() if n in TUMOURS and (h := host_of(s, structs))}
     pool = sorted(n for n in structs if n not in excluded)
-    return ScanContext(scan_id, structs, pool, geom, hosts, excluded, group)
+    return ScanContext(scan_id, structs, pool, geom, hosts, excluded, group, cut)
 
 # %% ../nbs/20_questions.ipynb #b2fc48ed
 def _pick_set(c: ScanContext, rng, focus: str | None, best_ok: Callable[[str], bool],
@@ -594,9 +664,14 @@ def _pick_set(c: ScanContext, rng, focus: str | None, best_ok: Callable[[str], b
     return None if rest is None else [best, *rest]
 
 # %% ../nbs/20_questions.ipynb #39ae8f4d
-def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, pool: Sequence[float] = ()) -> list[float] | None:
+def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, pool: Sequence[float] = (),
+            bounds: tuple[float, float] | None = None) -> list[float] | None:
     """Four shown values in ascending order with the (shown) true value `t` at index `k`. The others are values
-    of other structures (`pool`) when one fits, else scaled true values; every two are clearly distinct."""
+    of other structures (`pool`) when one fits, else scaled true values; every two are clearly distinct, and every
+    one lies within `bounds` (the plausible range of the quantity asked about; None: unbounded)."""
+    if bounds is not None:
+        lo_b, hi_b = min(bounds[0], t), max(bounds[1], t)
+        pool = [p for p in pool if lo_b <= p <= hi_b]
     c = shown(t, unit)
     if _num_truth(c, t, tol) is not True: return None
     vals, prev = [c], c
@@ -619,13 +694,14 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, poo
         vals.append(x)
         prev = x
     if any(not _num_distinct(y, x, tol) for x, y in itertools.combinations(vals, 2)): return None
+    if bounds is not None and not all(lo_b <= v <= hi_b for v in vals): return None
     return vals
 
-def _numeric_variants(t, tol, unit, rng, pool=()) -> list[list[dict] | None]:
-    "For each correct position 0-3, the four numeric options (ascending), or None where no ladder fits."
+def _numeric_variants(t, tol, unit, rng, pool=(), bounds=None) -> list[list[dict] | None]:
+    "For each correct position 0-3, the four numeric options (ascending) within `bounds`, or None where no ladder fits."
     out = []
     for k in range(4):
-        v = _ladder(t, k, tol, unit, rng, pool)
+        v = _ladder(t, k, tol, unit, rng, pool, bounds)
         out.append(None if v is None else [{"key": x, "text": fmt_number(x, unit)} for x in v])
     return out
 
@@ -662,8 +738,51 @@ def _threshold(lo: float, hi: float, rng) -> float | None:
 
 # %% ../nbs/20_questions.ipynb #32b1cff6
 def _item(c: ScanContext, sub: str, structures: list[str], fields: dict, spec: dict, unit: str | None = None, **kw) -> dict:
-    spec = {**spec, "spacing_mm": [[round(float(v), 6) for v in c.geom.spacing]]}
+    spec = {**spec, "spacing_mm": [[round(float(v), 6) for v in c.geom.spacing]],
+            "voxel_box_mm": [[round(float(v), 6) for v in c.geom.voxel_box]]}
     return dict(subtask=sub, scan_ids=[c.scan_id], structures=structures, fields=fields, spec=spec, unit=unit, **kw)
+
+ELONGATED = frozenset({"esophagus", "trachea", "colon", "small_bowel", "duodenum", "spinal_cord", "costal_cartilages"})
+
+def positional(name: str) -> bool:
+    """True when a structure's centre stands for where it lies, so that direction questions may use it: not for
+    vessels (the aorta's centroid lies wherever its curve puts it), long tubes (oesophagus, colon, small bowel,
+    duodenum, trachea, spinal cord) or ribs and cartilage (curved)."""
+    if name.startswith("rib_") or name in ELONGATED: return False
+    info = ANATOMY.get(name)
+    return not (info and info.category in ("vessel", "cartilage"))
+
+def plausible_volume(name: str, cut: bool = False) -> tuple[float, float] | None:
+    "The plausible volume range (mL) of a structure (anatomy reference); from 0 when cut by the scan (a part of it shows)."
+    rr = reference_range(name)
+    if rr is None: return None
+    return (0.0 if cut else float(rr[0]), float(rr[1]))
+
+def plausible_length(name: str) -> tuple[float, float] | None:
+    """The longest plausible linear size (mm) of a structure along any axis: 1.25 x the upper normal bound of its
+    reference dimensions, else twice the diameter of a ball of its largest plausible volume; None when unknown."""
+    r = REFERENCE.get(name)
+    if r is None: return None
+    if r.dims_mm: return (0.0, 1.25 * max(float(v[2]) for v in r.dims_mm.values()))
+    if r.plausible_ml: return (0.0, 2.0 * (6 / math.pi * float(r.plausible_ml[1]) * 1000) ** (1 / 3))
+    return None
+
+def related(c: ScanContext, a: str, b: str) -> bool:
+    """Two structures whose combined or differing volume a radiologist would ask about: the left and right of a
+    pair, an organ and its lesion, or two lobes of one lung."""
+    if counterpart(a) == b: return True
+    if c.hosts.get(a) == b or c.hosts.get(b) == a: return True
+    lobe = lambda n: n.startswith("lung_") and "_lobe_" in n
+    return lobe(a) and lobe(b) and a.rsplit("_", 1)[-1] == b.rsplit("_", 1)[-1]
+
+def _related_pair(c: ScanContext, rng, focus: str | None) -> tuple[str, str] | None:
+    "Two related structures of the pool (`related`), `focus` (if given) among them."
+    pairs = [(a, b) for a, b in itertools.combinations(c.pool, 2) if related(c, a, b) and (not focus or focus in (a, b))]
+    if not pairs: return None
+    return pairs[int(rng.integers(len(pairs)))]
+
+def _free_axes(cut: Iterable[int]) -> list[int]:
+    return [i for i in range(3) if i not in set(cut)]
 
 def _pair(c: ScanContext, rng, focus: str | None) -> tuple[str, str] | None:
     "Two unrelated structures, `focus` (if given) in a random role."
@@ -675,16 +794,20 @@ def _pair(c: ScanContext, rng, focus: str | None) -> tuple[str, str] | None:
     return (a, b) if not focus or rng.random() < 0.5 else (b, a)
 
 def _g_dir_relative(c, rng, focus, others=()):
+    c = c.restrict(positional)
+    if focus and focus not in c.pool: return None
     ab = _pair(c, rng, focus)
     if not ab: return None
     a, b = ab
     A, B = c.s(a), c.s(b)
+    cut = c.cut_of(ab)
     doms = {direction(A, B, ratio=DIR_RATIO, min_mm=direction_margin(c.geom), by=by) for by in POINTS}
     if len(doms) != 1 or None in doms: return None
     dom = doms.pop()
+    if DIRECTIONS[dom][0] in cut: return None          # along a cut axis the unseen part could change it
     d = [offset(A, B, by) for by in POINTS]
     wrong = [o for o, (ax, sg) in DIRECTIONS.items()
-             if o != dom and all(sg * x[ax] <= _level(c.geom, ax) for x in d)]
+             if o != dom and ax not in cut and all(sg * x[ax] <= _level(c.geom, ax) for x in d)]
     if len(wrong) < 3: return None
     opts = [dom, *rng.choice(wrong, 3, replace=False).tolist()]
     return _item(c, "DIR.relative", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b},
@@ -693,6 +816,8 @@ def _g_dir_relative(c, rng, focus, others=()):
 def _g_dir_extreme(c, rng, focus, others=()):
     dname = list(DIRECTIONS)[int(rng.integers(6))]
     ax, sg = DIRECTIONS[dname]
+    c = c.restrict(lambda n: positional(n) and ax not in c.cut.get(n, ()))
+    if focus and focus not in c.pool: return None
     m = direction_margin(c.geom)
     pos = lambda n, by: sg * float(_point(c.s(n), by)[ax])
     names = _pick_set(c, rng, focus, lambda n: True, lambda n, best: all(pos(best, by) - pos(n, by) >= m for by in POINTS))
@@ -709,6 +834,8 @@ def _reference(c, rng, focus):
 def _g_dir_relative_to(c, rng, focus, others=()):
     dname = list(DIRECTIONS)[int(rng.integers(6))]
     ax, sg = DIRECTIONS[dname]
+    c = c.restrict(lambda n: positional(n) and ax not in c.cut.get(n, ()))
+    if focus and focus not in c.pool: return None
     m, lvl = direction_margin(c.geom), _level(c.geom, ax)
     if (got := _reference(c, rng, focus)) is None: return None
     ref, focus = got
@@ -720,32 +847,47 @@ def _g_dir_relative_to(c, rng, focus, others=()):
                  {"ref": ref, "direction": dname}, options=[c.opt(n) for n in names], option_structures=True)
 
 # %% ../nbs/20_questions.ipynb #9502c2d4
+def _dist_spec(axes: Sequence[int]) -> dict:
+    return {"by": "bbox_center"} if len(axes) == 3 else {"by": "bbox_center", "axes": list(axes)}
+
 def _g_dist_value(c, rng, focus, others=()):
     ab = _pair(c, rng, focus)
     if not ab: return None
     a, b = ab
-    t = bbox_center_distance(c.s(a), c.s(b))
-    pool = [bbox_center_distance(c.s(x), c.s(y)) for x in (a, b) for y in c.pool if y not in (a, b)]
-    return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, "by": "bbox_center"}, "mm",
-                 variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, pool))
+    axes = _free_axes(c.cut_of(ab))
+    if len(axes) < 2: return None
+    t = box_distance(c.s(a), c.s(b), axes)
+    pool = [box_distance(c.s(x), c.s(y), axes) for x in (a, b) for y in c.pool if y not in (a, b)]
+    return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, **_dist_spec(axes)}, "mm",
+                 variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, pool, (0.0, 600.0)))
 
 def _g_dist_best(c, rng, focus, farthest: bool):
     if (got := _reference(c, rng, focus)) is None: return None
     ref, focus = got
+    cut = c.cut_of([ref])
+    axes = _free_axes(cut)
+    if len(axes) < 2: return None
+    c = c.restrict(lambda n: c.cut.get(n, frozenset()) <= cut)
+    if focus and focus not in c.pool: return None
     tol = _dist_tol(c.geom)
-    d = lambda n: bbox_center_distance(c.s(ref), c.s(n))
+    d = lambda n: box_distance(c.s(ref), c.s(n), axes)
     other = (lambda n, b: _num_distinct(d(b), d(n), tol)) if farthest else (lambda n, b: _num_distinct(d(n), d(b), tol))
     names = _pick_set(c, rng, focus, lambda n: True, other, exclude=c.related(ref))
     if not names: return None
     sub = "DIST.farthest" if farthest else "DIST.closest"
-    return _item(c, sub, [ref], {"ref": c.name(ref)}, {"ref": ref, "by": "bbox_center"},
+    return _item(c, sub, [ref], {"ref": c.name(ref)}, {"ref": ref, **_dist_spec(axes)},
                  options=[c.opt(n) for n in names], option_structures=True)
 
 def _g_dist_within(c, rng, focus, others=()):
     if (got := _reference(c, rng, focus)) is None: return None
     ref, focus = got
+    cut = c.cut_of([ref])
+    axes = _free_axes(cut)
+    if len(axes) < 2: return None
+    c = c.restrict(lambda n: c.cut.get(n, frozenset()) <= cut)
+    if focus and focus not in c.pool: return None
     tol = _dist_tol(c.geom)
-    d = lambda n: bbox_center_distance(c.s(ref), c.s(n))
+    d = lambda n: box_distance(c.s(ref), c.s(n), axes)
     # the nearest structure must be clearly inside a round threshold and the others clearly outside it
     lo_of = lambda n: max(d(n) + tol(d(n)), d(n) * THR_RATIO)
     hi_of = lambda n: min(d(n) - tol(d(n)), d(n) / THR_RATIO)
@@ -754,15 +896,17 @@ def _g_dist_within(c, rng, focus, others=()):
     thr = _threshold(lo_of(names[0]), min(hi_of(n) for n in names[1:]), rng)
     if thr is None: return None
     return _item(c, "DIST.within", [ref], {"ref": c.name(ref), "thr": _edge(thr, "mm")},
-                 {"ref": ref, "threshold": thr, "by": "bbox_center"}, "mm", options=[c.opt(n) for n in names],
+                 {"ref": ref, "threshold": thr, **_dist_spec(axes)}, "mm", options=[c.opt(n) for n in names],
                  option_structures=True)
 
 def _g_dist_range(c, rng, focus, others=()):
     ab = _pair(c, rng, focus)
     if not ab: return None
     a, b = ab
-    t = bbox_center_distance(c.s(a), c.s(b))
-    return _item(c, "DIST.range", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, "by": "bbox_center"}, "mm",
+    axes = _free_axes(c.cut_of(ab))
+    if len(axes) < 2: return None
+    t = box_distance(c.s(a), c.s(b), axes)
+    return _item(c, "DIST.range", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, **_dist_spec(axes)}, "mm",
                  variants=_range_variants(t, tol_distance(t, c.geom), "mm", rng))
 
 # %% ../nbs/20_questions.ipynb #e397d22e
@@ -773,11 +917,14 @@ def _one(c, rng, focus):
 def _g_ext_value(c, rng, focus, others=()):
     a = _one(c, rng, focus)
     if not a: return None
-    ax = int(rng.integers(3))
-    t = float(c.s(a).extent[ax])
-    pool = [float(c.s(n).extent[ax]) for n in c.pool if n != a] + [float(v) for i, v in enumerate(c.s(a).extent) if i != ax]
+    free = _free_axes(c.cut_of([a]))
+    if not free: return None
+    ax = free[int(rng.integers(len(free)))]
+    E = lambda n: phys_extent(c.s(n), c.geom)
+    t = float(E(a)[ax])
+    pool = [float(E(n)[ax]) for n in c.pool if n != a] + [float(v) for i, v in enumerate(E(a)) if i != ax]
     return _item(c, "EXT.value", [a], {"a": c.name(a), "axis": _AXIS_WORD[ax], "dim": _AXIS_DIM[ax]}, {"a": a, "axis": ax},
-                 "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, pool))
+                 "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, pool, plausible_length(a)))
 
 def _triple_distinct(x, y, g) -> bool:
     "Two boxes (lr, ap, si mm) differ clearly along at least one axis."
@@ -785,17 +932,20 @@ def _triple_distinct(x, y, g) -> bool:
 
 def _g_ext_bbox(c, rng, focus, others=()):
     a = _one(c, rng, focus)
-    if not a: return None
-    e = [shown(float(v), "mm") for v in c.s(a).extent]
+    if not a or c.cut_of([a]): return None
+    e = [shown(float(v), "mm") for v in phys_extent(c.s(a), c.geom)]
     cands = [[e[i] for i in p] for p in itertools.permutations(range(3)) if list(p) != [0, 1, 2]]
     cands += [[shown(e[i] * f[i], "mm") for i in range(3)] for f in
               ([1.4, 1, 1], [1, 1 / 1.4, 1], [1, 1, 1.5], [1 / 1.5, 1 / 1.5, 1 / 1.5], [1.5, 1.5, 1.5], [1.5, 1, 1 / 1.5],
                [1 / 1.4, 1.4, 1], [1, 1.4, 1 / 1.4], [1.3, 1.3, 1], [1, 1 / 1.4, 1 / 1.4])]
-    cands += [[shown(float(v), "mm") for v in c.s(n).extent] for n in c.pool if n != a]
+    cands += [[shown(float(v), "mm") for v in phys_extent(c.s(n), c.geom)] for n in c.pool if n != a]
     cands = [cands[i] for i in rng.permutation(len(cands))]
+    hi = max(max(e), (plausible_length(a) or (0, max(e)))[1])
+    aspect = max(3.0, max(e) / max(min(e), 1e-6))
+    plausible = lambda x: max(x) <= hi and max(x) / max(min(x), 1e-6) <= aspect
     chosen = [e]
     for x in cands:
-        if min(x) > 0 and all(_triple_distinct(x, y, c.geom) for y in chosen): chosen.append(x)
+        if min(x) > 0 and plausible(x) and all(_triple_distinct(x, y, c.geom) for y in chosen): chosen.append(x)
         if len(chosen) == 4: break
     if len(chosen) < 4: return None
     txt = lambda x: " × ".join(fmt_number(v, "mm").split()[0] for v in x) + " mm"
@@ -803,8 +953,10 @@ def _g_ext_bbox(c, rng, focus, others=()):
 
 def _g_ext_max(c, rng, focus, others=()):
     ax = int(rng.integers(3))
+    c = c.restrict(lambda n: ax not in c.cut.get(n, ()))
+    if focus and focus not in c.pool: return None
     tol = lambda x: tol_extent(x, ax, c.geom)
-    e = lambda n: float(c.s(n).extent[ax])
+    e = lambda n: float(phys_extent(c.s(n), c.geom)[ax])
     names = _pick_set(c, rng, focus, lambda n: True, lambda n, b: _num_distinct(e(b), e(n), tol))
     if not names: return None
     return _item(c, "EXT.max_extent", [], {"sup": _AXIS_SUP[ax], "axis": _AXIS_WORD[ax]}, {"axis": ax},
@@ -817,7 +969,7 @@ def _g_vol_value(c, rng, focus, others=()):
     s = c.s(a)
     pool = [c.s(n).volume_ml for n in c.pool if n != a]
     return _item(c, "VOL.value", [a], {"a": c.name(a)}, {"a": a}, "mL",
-                 variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, pool))
+                 variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, pool, plausible_volume(a, bool(c.cut_of([a])))))
 
 def _g_vol_range(c, rng, focus, others=()):
     a = _one(c, rng, focus)
@@ -844,25 +996,28 @@ def _g_vol_threshold(c, rng, focus, others=()):
                  {"threshold": thr, "sense": sense}, "mL", options=[c.opt(n) for n in names], option_structures=True)
 
 def _g_vol_sum(c, rng, focus, others=()):
-    ab = _pair(c, rng, focus)
+    ab = _related_pair(c, rng, focus)
     if not ab: return None
     a, b = ab
     A, B = c.s(a), c.s(b)
     t = A.volume_ml + B.volume_ml
     rel = (tol_volume(A.volume_ml, A.voxels) + tol_volume(B.volume_ml, B.voxels)) / t
+    ra, rb = plausible_volume(a, bool(c.cut_of([a]))), plausible_volume(b, bool(c.cut_of([b])))
+    bounds = None if ra is None or rb is None else (ra[0] + rb[0], ra[1] + rb[1])
     return _item(c, "VOL.sum", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "mL",
-                 variants=_numeric_variants(t, lambda x: abs(x) * rel, "mL", rng))
+                 variants=_numeric_variants(t, lambda x: abs(x) * rel, "mL", rng, (), bounds))
 
 def _g_vol_difference(c, rng, focus, others=()):
-    ab = _pair(c, rng, focus)
+    ab = _related_pair(c, rng, focus)
     if not ab: return None
     a, b = sorted(ab, key=lambda n: -c.s(n).volume_ml)
     A, B = c.s(a), c.s(b)
-    if A.volume_ml < 1.5 * B.volume_ml: return None
+    if not vol_larger(A, B): return None
     t = A.volume_ml - B.volume_ml
     floor = tol_volume(A.volume_ml, A.voxels) + tol_volume(B.volume_ml, B.voxels)
+    ra = plausible_volume(a, bool(c.cut_of([a])))
     return _item(c, "VOL.difference", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "mL",
-                 variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng))
+                 variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng, (), None if ra is None else (0.0, ra[1])))
 
 # %% ../nbs/20_questions.ipynb #b88f3a52
 def _g_comp_than(c, rng, focus, others=()):
@@ -916,20 +1071,22 @@ def _g_volest_absolute(c, rng, focus, others=()):
 def _g_volest_ratio(c, rng, focus, others=()):
     ab = _pair(c, rng, focus)
     if not ab: return None
-    a, b = sorted(ab, key=lambda n: -c.s(n).volume_ml)
+    a, b = ab
     r = c.s(a).volume_ml / c.s(b).volume_ml
-    if not 1.05 <= r <= 50: return None
+    if not (MIN_VOLEST_RATIO <= r <= 50 or 1 / 50 <= r <= 1 / MIN_VOLEST_RATIO): return None
     return _item(c, "VOLEST.ratio", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "ratio")
 
 def _g_volest_cross(c, rng, focus, others=()):
     partners = [o for o in others if o.scan_id != c.scan_id and o.group == c.group]
     if not partners: return None
     o = partners[int(rng.integers(len(partners)))]
+    whole = lambda n: n not in c.cut and n not in o.cut
+    far = lambda n: abs(math.log(c.s(n).volume_ml / o.s(n).volume_ml)) >= math.log(MIN_VOLEST_RATIO)
     common = [n for n in c.pool if n in o.pool and not is_tumour(n)] if not focus else ([focus] if focus in o.pool else [])
-    got = c.pick(rng, common)
+    got = c.pick(rng, [n for n in common if whole(n) and far(n)])
     if not got: return None
     a = got[0]
-    first, second = (c, o) if c.s(a).volume_ml >= o.s(a).volume_ml else (o, c)
+    first, second = (c, o) if rng.random() < 0.5 else (o, c)
     it = _item(first, "VOLEST.cross_case", [a], {"a": phrase(a)}, {"a": a}, "ratio")   # no host: it may differ
     it["scan_ids"] = [first.scan_id, second.scan_id]
     it["spec"]["spacing_mm"] = [[round(float(v), 6) for v in x.geom.spacing] for x in (first, second)]
@@ -973,7 +1130,17 @@ def _finish(item: dict, contexts: Mapping[str, ScanContext], rng) -> dict | None
     sub = item["subtask"]
     k = int(rng.integers(len(TEMPLATES[sub])))
     item["template_id"] = f"{sub}.{k}"
-    item["question"] = TEMPLATES[sub][k].format(**item["fields"])
+    c = contexts[item["scan_ids"][0]]
+    names = [*item["structures"], *(o["key"] for o in item["options"])] if item.get("option_structures") else item["structures"]
+    names = [*names, *(item["spec"][r] for r in ("a", "b", "ref") if r in item["spec"])]
+    q = TEMPLATES[sub][k].format(**item["fields"])
+    axes = item["spec"].get("axes")
+    if axes is not None: q = q[:-1] + ", " + plane_phrase(axes) + q[-1]
+    q = f"{q} {CONVENTIONS[sub.split('.')[0]]}"
+    if c.cut_of(names):
+        item["spec"] = {**item["spec"], "region": c.geom.region()}
+        q = f"{SCOPE} {q}"
+    item["question"] = q
     structs = [contexts[s].structs for s in item["scan_ids"]]
     if "variants" in item:
         ok = [None] * 4
@@ -996,10 +1163,15 @@ def _dedup_key(item: dict) -> tuple:
     return (tuple(sorted(item["scan_ids"])), item["subtask"], tuple(sorted(item["structures"])), dumps(spec, sort_keys=True))
 
 def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: Mapping[str, int], seed: int,
-                tumour_share: float, max_tries: int, seen: set) -> list[dict]:
-    "Candidate questions of one scan, task by task, each subtask in turn; a share of them about its tumours."
+                tumour_share: float, max_tries: int, seen: set, focus: Sequence[str] = (),
+                focus_share: float = 0.5) -> list[dict]:
+    """Candidate questions of one scan, task by task, each subtask in turn; a share of them about its tumours, or,
+    when `focus` names structures of the scan, a `focus_share` of them about those (e.g. a counterfactual copy's
+    resized structure, so that its pair's answer can change)."""
     rng = _rng(seed, c.scan_id)
-    tumours = [n for n in c.pool if is_tumour(n)]
+    focused = [n for n in focus if n in c.pool]
+    tumours = focused or [n for n in c.pool if is_tumour(n)]
+    if focused: tumour_share = focus_share
     others = [contexts[s] for s in sorted(contexts) if s != c.scan_id]
     items = []
     for task in TASKS:
@@ -1148,15 +1320,41 @@ def contexts_from_tables(structures: pd.DataFrame, scans: pd.DataFrame | None = 
 def _path(p) -> str | None:
     return None if p is None or (isinstance(p, float) and math.isnan(p)) or p == "" else str(p)
 
+def parse_budget(text: str | Mapping | None) -> dict[str, int]:
+    "Questions per task from 'DIR:6,DIST:6,...' (or a mapping); '=' works as well as ':'."
+    if text is None: return {}
+    if isinstance(text, Mapping): return {str(k): int(v) for k, v in text.items()}
+    out = {}
+    for kv in str(text).split(","):
+        if not kv.strip(): continue
+        k, v = kv.replace("=", ":").split(":")
+        if k.strip() not in TASKS: raise ValueError(f"unknown task {k.strip()!r} in budget {text!r}; expected some of {TASKS}")
+        out[k.strip()] = int(v)
+    return out
+
+def parse_per_source(text: str | Mapping | None) -> dict[str, dict[str, int]]:
+    "Per-source budgets from 'source1=DIR:12,DIST:12;source2=...' (or a mapping of source to budget)."
+    if not text: return {}
+    if isinstance(text, Mapping): return {str(k): parse_budget(v) for k, v in text.items()}
+    out = {}
+    for part in str(text).split(";"):
+        if not part.strip(): continue
+        src, _, budget = part.partition("=")
+        out[src.strip()] = parse_budget(budget)
+    return out
+
 def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mapping[str, int] | None = None,
                        tasks: Sequence[str] = TASKS, scans: pd.DataFrame | None = None, tumour_share: float = 0.5,
-                       min_voxels: int = MIN_VOXELS, max_tries: int = 40) -> list[dict]:
+                       min_voxels: int = MIN_VOXELS, max_tries: int = 40,
+                       per_source: Mapping[str, Mapping[str, int]] | str | None = None,
+                       focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
-    unambiguous ones). `scans`: the measure stage's scans table (voxel sizes for the tolerances, the scan's
-    border, so that structures cut by it are skipped, and the file paths). `tumour_share`: in scans with
-    tumours, the share of questions that involve one. Returns records sorted by scan, task and qid
+    unambiguous ones); `per_source`: budgets that replace it, task by task, for the scans of a source (`parse_per_source`). `scans`: the measure stage's scans table (voxel sizes for the tolerances, the scan's
+    box, so that structures its faces cut are asked about only within it, and the file paths). `tumour_share`: in scans with
+    tumours, the share of questions that involve one; `focus`: per scan id, structures that a `focus_share` of that
+    scan's questions involve instead (None: the tumours, as before). Returns records sorted by scan, task and qid
     (fields: `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]
@@ -1170,8 +1368,11 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
         paths = {str(r["scan_id"]): (r.get("image"), r.get("labels")) for _, r in scans.iterrows()}
     seen: set = set()
     items = []
+    per_source = parse_per_source(per_source)
     for sid in sorted(contexts):
-        items += _scan_items(contexts[sid], contexts, per_scan, seed, tumour_share, max_tries, seen)
+        budget = {t: n for t, n in {**per_scan, **per_source.get(contexts[sid].group, {})}.items() if t in tasks}
+        items += _scan_items(contexts[sid], contexts, budget, seed, tumour_share, max_tries, seen,
+                             (focus or {}).get(sid, ()), focus_share)
     ids = [it["qid"] for it in items]
     assert len(ids) == len(set(ids)), "duplicate qids"
     _assign_letters(items, seed)
@@ -1189,8 +1390,26 @@ def structures_of(labels: np.ndarray, affine: np.ndarray, labelmap: Mapping[int 
     "Every structure of a label map, measured with `spatialvqa.measure`, by name."
     return {s.name: s for s in measure_labels(labels, affine, components=False, labelmap=labelmap)}
 
+def crop_to_region(labels: np.ndarray, affine: np.ndarray, region: Mapping | None) -> np.ndarray:
+    """`labels` with every voxel whose centre lies outside the world box `region` (`{"lo": [x, y, z], "hi": [...]}`
+    mm, as `Geometry.region` gives it) set to 0: what a scan of that region alone would show."""
+    if not region: return labels
+    A = np.asarray(affine, dtype=np.float64)
+    lo, hi = np.asarray(region["lo"], float), np.asarray(region["hi"], float)
+    keep = np.ones(labels.shape, dtype=bool)
+    for k in range(3):       # world coordinate k of every voxel centre, as a sum of per-axis terms (no full index grid)
+        terms = [(A[k, j] * np.arange(n)).reshape([-1 if i == j else 1 for i in range(3)]) for j, n in enumerate(labels.shape)]
+        w = terms[0] + terms[1] + terms[2] + A[k, 3]
+        keep &= (w >= lo[k]) & (w <= hi[k])
+    return np.where(keep, labels, 0).astype(labels.dtype, copy=False)
+
 def _structs_for(record: dict, v) -> dict[str, Structure]:
-    "The structures of one scan by the record's names (matched through the label ids)."
+    """The structures of one scan by the record's names (matched through the label ids). A label map is cropped to
+    the record's scanned `region` first (questions about structures the scan's faces cut), so that the answer is
+    the same whatever lies outside it."""
+    if isinstance(v, tuple):
+        labels, affine = v[0], v[1]
+        v = (crop_to_region(labels, affine, record["spec"].get("region")), affine, *v[2:])
     st = structures_of(*v) if isinstance(v, tuple) else dict(v)
     by_label = {s.label: s for s in st.values()}
     for n, l in zip(record["structures"], record["label_ids"]):

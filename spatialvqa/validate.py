@@ -7,11 +7,13 @@ Docs: https://spatialvqa.github.io/spatialvqa/validate.html.md"""
 # %% ../nbs/24_validate.ipynb #14957c21
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -19,25 +21,29 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .anatomy import reference_range
+from .anatomy import REFERENCE, reference_range, typical_volume
 from .core import atomic_write, dumps, get_logger, stable_hash
 from .stats import cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .measure import Structure
 from .prompt import build_prompt
 from .parse import parse_answer
-from .questions import (LETTERS, MIN_VOXELS, TASKS, evaluate, geometry_from_affine,
+from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry_from_affine,
                                   markdown_table, structure_from_row, to_frame)
 
 # %% auto #0
-__all__ = ['REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
-           'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
-           'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
-           'AtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote',
-           'trivial', 'Validation', 'filter_report', 'blind_accuracy', 'blind_audit', 'validate', 'review_sheet',
+__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL',
+           'CHANCE_ROUNDS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
+           'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
+           'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'AtlasAnswerer',
+           'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
+           'make_answerers', 'cross_fit', 'vote', 'trivial', 'chance_subsample', 'is_real', 'balance_letters',
+           'Validation', 'filter_report', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet',
            'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
            'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
+BORDER = "touches the border of the scan"
+
 def structure_problems(structures: pd.DataFrame, scans: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS,
                        ranges: bool = True, border: bool = True, max_components: int | None = None) -> dict[tuple[str, str], str]:
     """What is wrong with each implausible structure of the measure stage's `structures` table, keyed by
@@ -52,7 +58,7 @@ def structure_problems(structures: pd.DataFrame, scans: pd.DataFrame | None = No
         s, sid = structure_from_row(row), str(row["scan_id"])
         g = geoms.get(sid)
         if s.voxels < min_voxels: why = f"{s.voxels} voxels < {min_voxels}"
-        elif g is not None and g.touches_edge(s): why = "touches the border of the scan"
+        elif g is not None and g.touches_edge(s): why = BORDER
         elif max_components is not None and s.components is not None and s.components > max_components:
             why = f"{s.components} connected components > {max_components}"
         elif ranges and (rr := reference_range(s.name)) and not rr[0] <= s.volume_ml <= rr[1]:
@@ -89,12 +95,16 @@ def plausibility(records: Sequence[dict], structures: pd.DataFrame | None = None
                  min_voxels: int = MIN_VOXELS, ranges: bool = True, border: bool = True,
                  max_components: int | None = None) -> tuple[list[dict], list[dict]]:
     """Split `records` into those whose structures are all plausible and the removed ones (with `removed_by` and
-    `reason`). `structures`/`scans`: the measure stage's tables (default: rebuilt from the records, no border test)."""
+    `reason`). `structures`/`scans`: the measure stage's tables (default: rebuilt from the records, no border test).
+    A structure cut by the scan's border is no fault in a question scoped to the scanned region (its spec has a
+    `region`: the generator asked only what the unseen part cannot change); any other question about it is removed."""
     tab = structures if structures is not None else table_from_records(records)
     probs = structure_problems(tab, scans, min_voxels, ranges, border, max_components)
     kept, removed = [], []
     for r in records:
-        why = [f"{n} in {s}: {probs[(s, n)]}" for s, n in involved(r) if (s, n) in probs]
+        scoped = bool((r.get("spec") or {}).get("region"))
+        why = [f"{n} in {s}: {probs[(s, n)]}" for s, n in involved(r)
+               if (s, n) in probs and not (scoped and probs[(s, n)] == BORDER)]
         if why: removed.append(_removed(r, "plausibility", "; ".join(why)))
         else: kept.append(r)
     return kept, removed
@@ -355,28 +365,43 @@ class TextAnswerer:
 
 # %% ../nbs/24_validate.ipynb #41aada6c
 class AtlasAnswerer:
-    "Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`."
+    """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
+    With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
+    OTHER scans (never the question's own): the strongest atlas a set of scans allows, and no folds to pick."""
     name = "atlas"
     needs_fit = True
 
-    def __init__(self, seed: int = 0): self.seed = int(seed)
+    def __init__(self, seed: int = 0, loso: bool = False):
+        self.seed, self.loso = int(seed), bool(loso)
+        if self.loso: self.needs_fit = False
 
     def fit(self, records: Sequence[dict]) -> "AtlasAnswerer":
         per: dict[str, dict] = defaultdict(dict)
         for r in records:
             for m in (r.get("measurements") or {}).get("structures") or []: per[m["name"]][m["scan_id"]] = m
-        self.atlas = {}
-        for n, by_scan in per.items():
-            ms = list(by_scan.values())
-            med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
-            c, e = med("bbox_center_mm"), med("extent_mm")
-            self.atlas[n] = Structure(label=int(ms[0]["label"]), name=n, voxels=int(med("voxels")),
-                                      volume_ml=float(med("volume_ml")), centroid=tuple(med("centroid_mm").tolist()),
-                                      bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
+        self._per, self._cache = per, {}
+        self.atlas = self._median(())
         return self
 
+    def _median(self, exclude) -> dict[str, Structure]:
+        out = {}
+        for n, by_scan in self._per.items():
+            ms = [m for s, m in by_scan.items() if s not in exclude]
+            if not ms: continue
+            med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
+            c, e = med("bbox_center_mm"), med("extent_mm")
+            out[n] = Structure(label=int(ms[0]["label"]), name=n, voxels=int(med("voxels")),
+                               volume_ml=float(med("volume_ml")), centroid=tuple(med("centroid_mm").tolist()),
+                               bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
+        return out
+
     def _evaluate(self, r: dict) -> dict | None:
-        try: return evaluate(r, [self.atlas] * len(r["scan_ids"]))
+        atlas = self.atlas
+        if getattr(self, "loso", False):
+            key = tuple(sorted(set(r["scan_ids"])))
+            if key not in self._cache: self._cache[key] = self._median(set(key))
+            atlas = self._cache[key]
+        try: return evaluate(r, [atlas] * len(r["scan_ids"]))
         except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
 
     def proba(self, r: dict) -> list[float] | None:
@@ -396,6 +421,99 @@ class AtlasAnswerer:
 
     def predict(self, records: Sequence[dict]) -> list:
         return [self.predict_one(r) for r in records]
+
+def textbook_structure(name: str) -> Structure | None:
+    """A typical adult structure from the anatomy reference table alone (`spatialvqa.anatomy.REFERENCE`, sources
+    cited there): its typical volume, a centre placed by its side (x +-80 mm), depth third (y +-60 mm) and vertebral
+    levels (z 30 mm per level, higher is superior), and a box of its reference dimensions (else a cube of its volume)."""
+    ref = REFERENCE.get(name)
+    if ref is None or not ref.typical_ml: return None
+    x = {"right": 80.0, "left": -80.0}.get(ref.side or "", 0.0)
+    y = {"anterior": 60.0, "posterior": -60.0}.get(ref.depth or "", 0.0)
+    z = -30.0 * ref.level_centre if ref.level_centre is not None else 0.0
+    side = float(ref.typical_ml * 1000) ** (1 / 3)
+    e = np.full(3, side)
+    if ref.dims_mm:
+        dims = sorted((float(v[0]) for v in ref.dims_mm.values()), reverse=True)
+        e[2] = dims[0]
+        if len(dims) > 1: e[:2] = dims[1]
+    c = np.array([x, y, z])
+    return Structure(label=0, name=name, voxels=1000, volume_ml=float(ref.typical_ml), centroid=tuple(c.tolist()),
+                     bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
+
+class TextbookAnswerer(AtlasAnswerer):
+    """Answers from a textbook: every structure as `textbook_structure` makes it from the anatomy reference table
+    (typical volumes, sides, depths and vertebral levels with their sources), never from any scan. Needs no fit."""
+    name = "textbook"
+    needs_fit = False
+
+    def __init__(self, seed: int = 0):
+        self.seed = int(seed)
+        self.atlas = {n: s for n in REFERENCE if (s := textbook_structure(n)) is not None}
+
+    def fit(self, records: Sequence[dict]) -> "TextbookAnswerer": return self
+
+    def _rank(self, r: dict) -> int | None:
+        """The option a textbook picks on size questions by typical volumes alone, sharper than `evaluate`'s margins:
+        the most extreme typical volume (COMP.extreme, VOL.threshold, COMP.than relative to the reference), the
+        ordering the typical volumes agree with (COMP.rank), the value or range nearest the typical volume (VOL)."""
+        sp, sub, tv = r["spec"], r["subtask"], typical_volume
+        opts = sp.get("options") or []
+        try:
+            if sub in ("COMP.extreme", "VOL.threshold"):
+                v = np.array([tv(o) for o in opts], float)
+                return int(np.argmax(v) if sp["sense"] > 0 else np.argmin(v))
+            if sub == "COMP.than":
+                return int(np.argmax([(tv(o) / tv(sp["ref"])) ** sp["sense"] for o in opts]))
+            if sub == "COMP.rank":
+                for i, o in enumerate(opts):
+                    v = [tv(n) for n in o][:: sp["sense"]]
+                    if all(x >= y for x, y in zip(v, v[1:])): return i
+            if sub == "VOL.value": return int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))
+            if sub == "VOL.range":
+                t = tv(sp["a"])
+                for i, (lo, hi) in enumerate(opts):
+                    if (lo is None or t >= lo) and (hi is None or t < hi): return i
+        except (TypeError, ValueError, ZeroDivisionError, KeyError):
+            return None
+        return None
+
+    def proba(self, r: dict) -> list[float] | None:
+        if r["format"] != "mc": return None
+        k = self._rank(r)
+        if k is None: return super().proba(r)
+        return [1.0 if i == k else 0.0 for i in range(len(r["options"]))]
+
+_SIDE = re.compile(r"\b(left|right)\b")
+
+class NameCueAnswerer:
+    """Answers left-right questions from the side words in the structure names alone ("the farthest to the patient's
+    right" -> the option named 'right ...'; "where is the left kidney relative to the right adrenal gland" -> to the
+    patient's left); every other question is a uniform guess. Needs no fit."""
+    name = "name_cue"
+    needs_fit = False
+
+    def __init__(self, seed: int = 0): self.seed = int(seed)
+    def fit(self, records: Sequence[dict]) -> "NameCueAnswerer": return self
+
+    def proba(self, r: dict) -> list[float] | None:
+        if r["format"] != "mc": return None
+        n = len(r["options"])
+        side_of = lambda text: (m.group(1) if (m := _SIDE.search(str(text).lower())) else None)
+        q = r["question"].lower()
+        asked = "right" if "patient's right" in q else "left" if "patient's left" in q else None
+        score = np.zeros(n)
+        if r["subtask"] in ("DIR.extreme", "DIR.relative_to") and asked:
+            score = np.array([1.0 if side_of(o) == asked else 0.0 for o in r["options"]])
+        elif r["subtask"] == "DIR.relative":
+            sa, sb = side_of(r["structures"][0].replace("_", " ")), side_of(r["structures"][1].replace("_", " "))
+            if sa and sb and sa != sb:
+                score = np.array([1.0 if f"patient's {sa}" in o.lower() else 0.0 for o in r["options"]])
+        if score.sum() == 0: return _uniform(n)
+        return (score / score.sum()).tolist()
+
+    def predict(self, records: Sequence[dict]) -> list:
+        return [None if r["format"] != "mc" else _pick(r, self.proba(r), self.seed) for r in records]
 
 # %% ../nbs/24_validate.ipynb #6a22e078
 BLIND_SYSTEM = ("You are a radiologist answering questions about a CT scan that you cannot see. "
@@ -436,8 +554,10 @@ class LLMAnswerer:
 RULES = {"any": lambda k, n: k >= 1, "at_least_half": lambda k, n: 2 * k >= n,
          "more_than_half": lambda k, n: 2 * k > n, "all": lambda k, n: k == n}
 SOFT_MAJORITY = 0.5          # `soft_majority`: trivial when the mean probability of the correct answer reaches this
-RULE_NAMES = ("soft_majority", *RULES)
-ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": AtlasAnswerer}
+RULE_NAMES = ("chance", "soft_majority", *RULES)   # chance: `chance_subsample` per task (numeric: soft_majority)
+ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": functools.partial(AtlasAnswerer, loso=True),
+             "textbook": TextbookAnswerer,
+             "name_cue": NameCueAnswerer}
 
 def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, seed: int = 0) -> list:
     """Blind answerers by name (`ANSWERERS`: prior, text, atlas; a comma-separated string works), plus one
@@ -463,7 +583,7 @@ def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed
     out: dict[str, dict] = {r["qid"]: {} for r in records}
     for a in answerers:
         if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), "scan_id", folds, seed)
-        else: got = _answer(a, records)
+        else: got = _answer(a.fit(records) if getattr(a, "loso", False) else a, records)
         for r, e in zip(records, got): out[r["qid"]][a.name] = e
     return out
 
@@ -479,14 +599,84 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     answered = [e for e in entries.values() if e["pred"] is not None]
     if not answered: return False, "no blind answer"
-    if rule == "soft_majority":
+    if rule in ("soft_majority", "chance"):
         v = float(np.mean([vote(record, e, rel_tol) for e in answered]))
         return v >= SOFT_MAJORITY, f"blind answerers give the correct answer a mean probability of {v:.2f} (soft_majority)"
     k = sum(is_right(record, e["pred"], rel_tol) for e in answered)
     return RULES[rule](k, len(answered)), f"{k} of {len(answered)} blind answerers right ({rule})"
 
 # %% ../nbs/24_validate.ipynb #43dead52
-FILTERS = ("plausibility", "dedup", "triviality")
+CHANCE_TOL = 0.03    # `chance`: every filter answerer's accuracy per task ends within chance +- this
+CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
+
+def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
+                     tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0) -> list[bool]:
+    """Which multiple-choice `records` (one task) to keep so that every answerer in `names` is right on about 1/k of
+    them (within `tol` of chance, neither above nor below): questions are dropped one at a time, each time the one
+    whose removal brings the answerers' accuracies closest to chance (`protect`ed ones, e.g. real scans, last;
+    ties by a seeded order). Removing what the blind answerers get right *and* what they get wrong, the kept set is
+    neither easy nor adversarial for them."""
+    n = len(records)
+    if n == 0 or not names: return [True] * n
+    chance = np.array([1.0 / len(r["options"]) for r in records]).mean()
+    R = np.array([[float(is_right(r, (preds.get(r["qid"], {}).get(a) or {}).get("pred"))) for a in names] for r in records])
+    keep = np.ones(n, bool)
+    penalty = np.array([1e-6 if protect and protect(r) else 0.0 for r in records])
+    jitter = np.random.default_rng(seed).uniform(0, 1e-9, n)
+    cost = lambda acc: float(np.clip(np.abs(acc - chance) - tol, 0, None).sum())
+    while keep.sum() > 4:
+        k, S = keep.sum(), R[keep].sum(0)
+        now = cost(S / k)
+        if now == 0: break
+        new = np.clip(np.abs((S[None, :] - R) / (k - 1) - chance) - tol, 0, None).sum(1) + penalty + jitter
+        new[~keep] = np.inf
+        i = int(np.argmin(new))
+        if new[i] >= now: break
+        keep[i] = False
+    return keep.tolist()
+
+def is_real(record: Mapping) -> bool:
+    "True for a question about a real scan: a source that is neither the phantoms nor a counterfactual copy (`<name>+<kind>`)."
+    src = str(record.get("source") or "phantom")
+    return all(s != "phantom" and "+" not in s for s in src.split(","))
+
+def _swap_letters(r: dict, target: int) -> dict:
+    "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
+    r = copy.deepcopy(r)
+    i = LETTERS.index(r["answer_letter"])
+    if i == target: return r
+    perm = list(range(len(r["options"])))
+    perm[i], perm[target] = perm[target], perm[i]
+    r["options"] = [r["options"][j] for j in perm]
+    if r.get("option_values"): r["option_values"] = [r["option_values"][j] for j in perm]
+    if isinstance(r.get("spec"), dict) and len(r["spec"].get("options") or []) == len(perm):
+        r["spec"]["options"] = [r["spec"]["options"][j] for j in perm]
+    r["answer"] = r["answer_letter"] = LETTERS[target]
+    swap = {LETTERS[i]: LETTERS[target], LETTERS[target]: LETTERS[i]}
+    if isinstance(r.get("blind"), dict):
+        r["blind"] = {a: swap.get(p, p) if isinstance(p, str) else p for a, p in r["blind"].items()}
+    return r
+
+def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None
+                    ) -> tuple[list[dict], list[dict]]:
+    """Exactly balanced correct letters per multiple-choice task: the task's count is cut to a multiple of four
+    (the surplus dropped, un`protect`ed ones first, by a seeded order), then each question's correct option is
+    swapped to its letter of a seeded, exactly balanced sequence. Returns (kept, dropped); numeric questions pass."""
+    out, dropped = [], []
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        (by_task[r["task"]] if r["format"] == "mc" else out).append(r)
+    for task, rs in by_task.items():
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stable_hash(task), 16)]))
+        order = sorted(range(len(rs)), key=lambda j: (bool(protect and protect(rs[j])), rng.random()))
+        surplus = set(order[:len(rs) % len(LETTERS)])
+        dropped += [rs[j] for j in sorted(surplus)]
+        keep = [r for j, r in enumerate(rs) if j not in surplus]
+        targets = rng.permutation(np.arange(len(keep)) % len(LETTERS))
+        out += [_swap_letters(r, int(t)) for r, t in zip(keep, targets)]
+    return out, dropped
+
+FILTERS = ("plausibility", "dedup", "triviality", "balance")
 
 @dataclass
 class Validation:
@@ -530,6 +720,21 @@ def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Map
         out[fmt] = d
     return out
 
+def blind_by_task(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = REL_TOL) -> dict:
+    """Per task and answerer: n, accuracy and its 95 % Wilson interval, and chance (1/k for multiple choice; None for
+    numeric questions, where accuracy is the share within `rel_tol`)."""
+    out: dict = {}
+    for t in dict.fromkeys(r["task"] for r in records):
+        rs = [r for r in records if r["task"] == t]
+        names = list(dict.fromkeys(a for r in rs for a in preds.get(r["qid"], {})))
+        d = {}
+        for a in names:
+            hits = [is_right(r, preds[r["qid"]][a]["pred"], rel_tol) for r in rs if a in preds.get(r["qid"], {})]
+            d[a] = {"n": len(hits), "accuracy": round(float(np.mean(hits)), 4) if hits else None,
+                    "ci95": list(wilson(sum(hits), len(hits))) if hits else None}
+        out[t] = {"chance": 0.25 if rs[0]["format"] == "mc" else None, "answerers": d}
+    return out
+
 def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prior", "text", "atlas"), folds: int = 2,
                 seed: int = 0, rel_tol: float = REL_TOL) -> dict:
     """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan): do the
@@ -543,10 +748,13 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
              max_components: int | None = None, dedup_threshold: float | None = 0.9,
              answerers: str | Sequence[str] = ("prior", "text"), llm=None, rule: str = "soft_majority",
              folds: int = 2, seed: int = 0, rel_tol: float = REL_TOL,
-             audit: str | Sequence[str] | None = ("prior", "text", "atlas")) -> Validation:
+             audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
+             protect: Callable[[dict], bool] | None = None) -> Validation:
     """Filter a Track A benchmark: plausibility (`structure_problems`), near-duplicates (`dedup`), then triviality
     (blind `answerers` plus LLMs in `llm`, cross-fitted over `folds` scan folds; a question is removed when its
-    votes satisfy `rule`, see `trivial`). `audit`: answerers re-trained within the kept and within the removed questions, on a
+    votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
+    answerer is right at chance, `chance_subsample`, `protect`ed ones last), then, with `balance`, the correct letters
+    are balanced exactly per task (`balance_letters`). `audit`: answerers re-trained within the kept and within the removed questions, on a
     fresh scan split, to report what shortcuts remain (None: no audit). Returns a `Validation`."""
     log = get_logger(__name__)
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
@@ -564,14 +772,39 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     ans = make_answerers(answerers, llm, seed)
     preds = cross_fit(pool, ans, folds, seed) if ans and pool else {r["qid"]: {} for r in pool}
     kept = []
+    drop_mc: dict[str, str] = {}
+    if rule == "chance" and ans:
+        # rounds: the answerers learn (and the atlas takes its medians) from the questions still in the set, so
+        # after each subsample they are fitted again on what is left, until nothing more is dropped
+        names, live = [a.name for a in ans], list(pool)
+        for rnd in range(CHANCE_ROUNDS):
+            now = cross_fit(live, ans, folds, seed) if rnd else preds
+            preds.update(now)
+            dropped = 0
+            for t in MC_TASKS:
+                rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
+                for r, k in zip(rs, chance_subsample(rs, now, names, protect=protect, seed=seed)):
+                    if not k:
+                        drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
+                        dropped += 1
+            live = [r for r in live if r["qid"] not in drop_mc]
+            if not dropped: break
     for r in pool:
         e = preds[r["qid"]]
-        drop, why = trivial(r, e, rule, rel_tol)
+        if rule == "chance" and r["format"] == "mc": drop, why = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
+        else: drop, why = trivial(r, e, rule, rel_tol)
         extra = {"blind": {a: x["pred"] for a, x in e.items()},
                  "blind_vote": {a: round(vote(r, x, rel_tol), 4) for a, x in e.items() if x["pred"] is not None},
                  "blind_right": sum(is_right(r, x["pred"], rel_tol) for x in e.values())}
         if drop: removed.append(_removed(r, "triviality", why, **extra))
         else: kept.append({**r, **extra})
+    if balance:
+        kept, surplus = balance_letters(kept, seed, protect)
+        removed += [_removed(r, "balance", "surplus over a multiple of four in its task (exact letter balance)") for r in surplus]
+        pos = {r["qid"]: i for i, r in enumerate(pool)}
+        kept.sort(key=lambda r: pos[r["qid"]])
+    # the blind answers as the kept records now letter them (balancing swaps options)
+    after = {r["qid"]: {a: {"pred": p, "proba": None} for a, p in (r.get("blind") or {}).items()} for r in kept}
     order = {q: i for i, q in enumerate(ids)}
     removed.sort(key=lambda r: order[r["qid"]])
     report = filter_report(records, removed)
@@ -584,8 +817,10 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
                      "max_components": max_components, "dedup_threshold": dedup_threshold,
                      "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol},
         "blind": {"chance_mc": 0.25,
-                  "kept": blind_accuracy(kept, preds, rel_tol) if ans else {},
-                  "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {}},
+                  "kept": blind_accuracy(kept, after, rel_tol) if ans else {},
+                  "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
+                  "before_by_task": blind_by_task(pool, preds, rel_tol) if ans else {},
+                  "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {}},
     }
     if audit:
         # a fresh split (seed + 1): with the filter's own split, the audit's answerers would be near copies of the

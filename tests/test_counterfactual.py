@@ -236,7 +236,9 @@ def written(tmp_path_factory, phantom_scan, ts_scan):
     ctab, cscans, cbad = measure_manifests([d / "cf" / "scans.json"], workers=0)
     assert bad == [] and cbad == []
     per = {"DIR": 40, "DIST": 40, "EXT": 20, "VOL": 30, "COMP": 30, "VOLEST": 15}
-    recs = generate_questions(tab, seed=0, scans=scans, per_scan=per)
+    # half of each original's questions involve its copy's resized structure (`focus`), so that resize pairs can flip
+    focus = {e["original"]: [e["target"]] for e in entries if e.get("counterfactual") == "resize" and e.get("target")}
+    recs = generate_questions(tab, seed=0, scans=scans, per_scan=per, focus=focus)
     pairs, dropped = CF.pair_questions(recs, ctab, cscans, originals=tab)
     return dict(dir=d, entries=entries, recs=recs, pairs=pairs, dropped=dropped, cscans=cscans)
 
@@ -296,7 +298,8 @@ def test_pairs_rederived_and_checked_with_simpleitk(written):
             v = [sg * s[k].centroid[ax] for k in spec["options"]]
             assert LETTERS[int(np.argmax(v))] == p["answer_letter"]; checked += 1
         elif p["subtask"] == "DIST.value":
-            d = np.linalg.norm((np.add(s[spec["a"]].bbox_min, s[spec["a"]].bbox_max) - np.add(s[spec["b"]].bbox_min, s[spec["b"]].bbox_max)) / 2)
+            v = (np.add(s[spec["a"]].bbox_min, s[spec["a"]].bbox_max) - np.add(s[spec["b"]].bbox_min, s[spec["b"]].bbox_max)) / 2
+            d = np.linalg.norm(v[spec["axes"]] if "axes" in spec else v)      # in-plane when the scan cuts a structure
             assert math.isclose(d, p["answer_value"], rel_tol=1e-6); checked += 1
     assert checked >= 20, checked
     print(f"{len(pairs)} pairs from {len(recs)} questions, {len(flips)} flip "

@@ -83,7 +83,11 @@ class _Mask:
 
     def volume_ml(self, label): return len(self.pts(label)) * abs(np.linalg.det(np.asarray(self.vol.affine)[:3, :3])) / 1000
     def centre(self, label): p = self.pts(label); return (p.min(0) + p.max(0)) / 2
-    def extent(self, label): p = self.pts(label); return p.max(0) - p.min(0)
+    def extent(self, label):
+        "Physical extent: the world box over every corner of every voxel (not only the voxel centres)."
+        p, m = self.pts(label), np.asarray(self.vol.affine, float)[:3, :3]
+        corners = np.array(list(itertools.product((-0.5, 0.5), repeat=3))) @ m.T
+        return (p.max(0)[None] + corners).max(0) - (p.min(0)[None] + corners).min(0)
     def centroid(self, label): return self.pts(label).mean(0)
 
 
@@ -104,7 +108,8 @@ def test_numeric_answers_from_raw_voxels(cohort):
             l = lab(r, sp["a"])
             want = m.volume_ml(l) / masks[r["scan_ids"][1]].volume_ml(l)
         elif sub in ("DIST.value", "DIST.range"):
-            want = float(np.linalg.norm(m.centre(lab(r, sp["a"])) - m.centre(lab(r, sp["b"]))))
+            d = m.centre(lab(r, sp["a"])) - m.centre(lab(r, sp["b"]))
+            want = float(np.linalg.norm(d if "axes" not in sp else d[sp["axes"]]))
         elif sub == "EXT.value": want = float(m.extent(lab(r, sp["a"]))[sp["axis"]])
         elif sub == "DIR.extreme":                                    # the correct option is the farthest along the axis
             ax, sg = Q.DIRECTIONS[sp["direction"]]

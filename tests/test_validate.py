@@ -71,7 +71,7 @@ def test_blind_near_chance_on_kept_and_above_chance_on_removed(val):
 def test_filter_report_counts_add_up(bench, val):
     recs = bench["recs"]
     rep = val.report.set_index("task")
-    assert (rep[["plausibility", "dedup", "triviality", "kept"]].sum(axis=1) == rep["questions"]).all()
+    assert (rep[[*V.FILTERS, "kept"]].sum(axis=1) == rep["questions"]).all()
     assert rep.loc["all", "questions"] == len(recs) and rep.loc["all", "kept"] == len(val.kept)
     assert rep.drop("all")["questions"].sum() == len(recs)
     by = Counter((r["task"], r["removed_by"]) for r in val.removed)
