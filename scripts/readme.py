@@ -31,10 +31,19 @@ def readme(notebook: str | Path = ROOT / "nbs" / "index.ipynb") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0]) if argv else ROOT / "README.md"
-    out.write_text(readme())
-    print(f"wrote {out}")
+    "Write README.md (or `--out`); `--check`: write nothing, status 1 when README.md differs from the notebook."
+    import argparse
+    ap = argparse.ArgumentParser(prog="scripts/readme.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "README.md", help="where to write (default README.md)")
+    ap.add_argument("--check", action="store_true", help="only compare README.md with the notebook")
+    a = ap.parse_args(argv)
+    text = readme()
+    if a.check:
+        same = a.out.exists() and a.out.read_text() == text
+        print(f"{a.out} is {'up to date' if same else 'out of date: run make readme'}")
+        return 0 if same else 1
+    a.out.write_text(text)
+    print(f"wrote {a.out}")
     return 0
 
 

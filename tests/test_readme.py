@@ -19,7 +19,9 @@ def test_readme_is_written_from_index(tmp_path):
     w = _writer()
     assert (ROOT / "README.md").read_text() == w.readme(ROOT / "nbs" / "index.ipynb"), \
         "README.md differs from nbs/index.ipynb: edit the notebook and run `make readme`"
-    assert w.main([str(tmp_path / "R.md")]) == 0 and (tmp_path / "R.md").read_text() == (ROOT / "README.md").read_text()
+    assert w.main(["--out", str(tmp_path / "R.md")]) == 0 and (tmp_path / "R.md").read_text() == (ROOT / "README.md").read_text()
+    assert w.main(["--check"]) == 0 and w.main(["--check", "--out", str(tmp_path / "absent.md")]) == 1
+    assert not (ROOT / "--check").exists()
 
 
 def test_writer_shows_code_but_not_hidden_cells(tmp_path):
