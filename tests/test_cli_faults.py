@@ -50,6 +50,9 @@ CASES = {
     "ctrate-download": [("--questions {d}/list.jsonl --out {d}/d", ["list.jsonl:2", "not list"])],
     "report-qa": [("--reports {d}/bad.json --out {d}/r.jsonl", ["bad.json", "not valid JSON"]),
                   ("--reports {d}/bad.json --out {d}/bad.json", ["bad.json", "is the input"])],
+    "check-params": [("{d}/secret.yaml", ["secret.yaml: validate.llm.api_key", "api_key_env"]),
+                     ("{d}/bad.json", ["bad.json", "not valid YAML"]),
+                     ("{d}/missing.yaml", ["missing.yaml", "No such file"])],
     "views": [("{d}/broken.nii.gz {d}/broken.nii.gz --structures liver --out {d}/vw", ["broken.nii.gz", "corrupt"])],
 }
 
@@ -73,6 +76,7 @@ def broken(tmp_path_factory):
     (d / "bad.json").write_text('[{"question": "Q", ')
     (d / "strverdict.json").write_text('[{"question": "Q", "answer": "A", "prediction": "P", "is_correct": "true"}]')
     (d / "sheet.csv").write_text("a,b\n1,2\n")
+    (d / "secret.yaml").write_text("""validate:\n  llm: '{"backend": "openai", "model": "m", "api_key": "sk-0123456789abcdef"}'\n""")
     (d / "afile").write_text("x")
     (d / "emptydir").mkdir()
     (d / "link.jsonl").symlink_to(d / "preds.jsonl")
