@@ -80,7 +80,7 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     m.add_argument("--image", help="the CT image; its geometry must agree with the label map")
     m.add_argument("--out", required=True, help="output JSON file")
     m.add_argument("--no-components", action="store_true", help="skip counting connected components")
-    m.set_defaults(func=_measure)
+    m.set_defaults(func=_measure, prefetch=("labels", "image"))
     f = sub.add_parser("fetch", help="fetch pinned external data, verifying SHA-256")
     f.add_argument("source", nargs="+", help="source names (pyradiomics, totalsegmentator, ct-spatialvqa)")
     f.add_argument("--out", required=True, help="destination folder")
@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser(lambda mod: command in _PLUGINS[mod]).parse_args(argv)
     if a.func is None: a = parser().parse_args(argv)  # a listed subcommand that `command` did not name (never expected)
     try:
+        if getattr(a, "prefetch", None):       # inputs the command reads whole: start inflating them now (measure)
+            from spatialvqa.inflate import prefetch
+            prefetch(*(getattr(a, k) for k in a.prefetch if getattr(a, k, None)))
         inputs = _inputs(a)
         _check_out(a, inputs)
         from spatialvqa.core import protect_inputs

@@ -21,12 +21,12 @@ import tempfile
 import textwrap
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+# yaml and concurrent.futures (which loads multiprocessing) are imported where they are used: a short command such as
+# `spatialvqa measure` imports this module and needs neither (about 0.05 s of its start-up)
 
 # %% auto #0
 __all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'SecretOptionError',
@@ -48,6 +48,7 @@ def project_root(start: str | os.PathLike | None = None) -> Path:
 def load_params(section: str | None = None, path: str | os.PathLike | None = None) -> dict:
     "Parameters from `params.yaml` (found with `project_root` when `path` is None); one `section` or all."
     path = Path(path) if path else project_root() / "params.yaml"
+    import yaml
     with open(path) as f: params = yaml.safe_load(f) or {}
     if section is None: return params
     if section not in params: raise KeyError(f"{path}: no section {section!r} (have: {', '.join(params)})")
@@ -130,6 +131,7 @@ def mask_secrets(text, extra: Iterable[str | None] = ()) -> str:
 # %% ../nbs/00_core.ipynb #d2512e98
 def check_params_file(path: str | os.PathLike = "params.yaml") -> dict:
     "The parameters of the YAML file at `path`, after `check_no_secrets` over all of it (a `SecretOptionError` names the key)."
+    import yaml
     path = Path(path)
     try:
         with open(path) as f: params = yaml.safe_load(f)
@@ -349,6 +351,7 @@ def parallel_map(fn: Callable, items: Sequence, workers: int | None = None, sche
     if workers is None: workers = os.cpu_count() or 1
     if workers <= 1 or len(items) <= 1:
         return [_call(fn, it) for it in progress(items, desc=desc)]
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     out: list[Outcome | None] = [None] * len(items)
     with ProcessPoolExecutor(max_workers=min(workers, len(items))) as ex:
         futs = {ex.submit(_call, fn, it): i for i, it in enumerate(items)}
@@ -364,6 +367,7 @@ def thread_map(fn: Callable, items: Sequence, workers: int = 1) -> list:
     "`fn` over `items` in order, on up to `workers` threads (1: in this thread)."
     items = list(items)
     if workers <= 1 or len(items) <= 1: return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(min(workers, len(items))) as ex: return list(ex.map(fn, items))
 
 # %% ../nbs/00_core.ipynb #03dfc1ec

@@ -124,13 +124,30 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
             raise ScanError(path, f"not a NIfTI image (nibabel read it as {type(img).__name__})")
         affine = nifti_affine(img, path)
         _shape_3d(path, img.shape)  # refuse 2D/4D before reading any data
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            array = np.asanyarray(img.dataobj)
+        array = _gz_data(img, path)
+        if array is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                array = np.asanyarray(img.dataobj)
     except ScanError: raise
     except Exception as e: raise _unreadable(path, e) from e
     return _squeeze_to_3d(path, array), affine
 
+
+# %% ../nbs/11_scan.ipynb #50593a43
+def _gz_data(img, path: Path) -> np.ndarray | None:
+    "The data of the gzipped NIfTI `img` (read from `path`) on `inflate.gunzip`'s buffer; None when nibabel must read them."
+    from spatialvqa.inflate import gunzip
+    p = img.dataobj
+    if not str(path).lower().endswith(".gz") or type(p) is not nib.arrayproxy.ArrayProxy or p.order != "F": return None
+    if p.slope not in (None, 1.0) or p.inter not in (None, 0.0) or p.dtype.hasobject: return None
+    shape, dtype, offset = tuple(int(s) for s in p.shape), np.dtype(p.dtype), int(p.offset)
+    n = int(np.prod(shape))
+    try: buf = gunzip(path)
+    except ValueError as e: raise ScanError(path, f"unreadable or corrupt: {e}") from None
+    if len(buf) < offset + n * dtype.itemsize:
+        raise ScanError(path, f"unreadable or corrupt: truncated, {len(buf)} bytes where the header describes {offset + n * dtype.itemsize}")
+    return np.frombuffer(buf, dtype, n, offset).reshape(shape, order="F")
 
 # %% ../nbs/11_scan.ipynb #2457a1de
 _NRRD_SPACES = {  # sign that turns each world axis of the named space into RAS+
