@@ -19,13 +19,15 @@ __all__ = ['gunzip_bytes', 'prefetch', 'gunzip']
 _PIECE = 8 << 20     # bytes inflated at a time
 _MAX_RATIO = 1032    # deflate never inflates more than ~1032 bytes per input byte
 
-def gunzip_bytes(raw: bytes | bytearray | memoryview) -> bytearray:
-    "Every member of the gzip stream `raw` inflated with zlib-ng, each member's CRC and length checked (ValueError if not)."
+def gunzip_bytes(raw: bytes | bytearray | memoryview) -> "np.ndarray":
+    """Every member of the gzip stream `raw` inflated with zlib-ng into a writeable NumPy uint8 array, each member's
+    CRC and length checked (ValueError if not)."""
+    import numpy as np
     from zlib_ng import zlib_ng
     raw = memoryview(raw)
     hint = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
     hint = min(hint, _MAX_RATIO * len(raw))               # a forged length field cannot make it allocate more
-    out, at = bytearray(hint), 0
+    out, at = np.empty(hint, np.uint8), 0                 # not zero-filled: every byte kept is written below
     d, data = zlib_ng.decompressobj(wbits=31), raw
     try:
         while True:
@@ -37,13 +39,15 @@ def gunzip_bytes(raw: bytes | bytearray | memoryview) -> bytearray:
             piece = d.decompress(data, _PIECE)
             data = d.unconsumed_tail
             end = at + len(piece)
-            if end <= len(out): out[at:end] = piece
-            else: out[at:] = piece                        # beyond the size hint: the buffer grows
+            if end > len(out):                            # beyond the size hint: the buffer grows
+                grown = np.empty(max(2 * len(out), end), np.uint8)
+                grown[:at] = out[:at]
+                out = grown
+            out[at:end] = np.frombuffer(piece, np.uint8)
             at = end
     except zlib_ng.error as e: raise ValueError(f"corrupt gzip data ({e})") from None
     if not d.eof: raise ValueError(f"truncated: the gzip stream ends inside a member, after {at} inflated bytes")
-    del out[at:]
-    return out
+    return out[:at]
 
 # %% ../nbs/05_inflate.ipynb #70f5b495
 _PREFETCHED: dict[tuple, Future] = {}
@@ -71,7 +75,7 @@ def prefetch(*paths: str | os.PathLike) -> list[Path]:
     if jobs: threading.Thread(target=run, name="spatialvqa-prefetch", daemon=True).start()
     return started
 
-def gunzip(path: str | os.PathLike) -> bytearray:
+def gunzip(path: str | os.PathLike) -> "np.ndarray":
     "The gzip file at `path` inflated (`gunzip_bytes`): from `prefetch`'s thread when it started on this very file."
     key = _identity(path)
     with _LOCK: f = _PREFETCHED.pop(key, None)
