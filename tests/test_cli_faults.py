@@ -35,7 +35,8 @@ CASES = {
     "validate": [("{d}/list.jsonl --out {d}/v", ["list.jsonl:2", "not list"]),
                  ("{d}/dup.jsonl --out {d}/v", ["dup.jsonl", "'q1'"])],
     "reviews": [("{d}/sheet.csv", ["sheet.csv", "no qid column"]),
-                ("{d}/missing.csv", ["missing.csv", "No such file"])],
+                ("{d}/missing.csv", ["missing.csv", "No such file"]),
+                ("{d}/badscore.csv", ["badscore.csv", "rater_1_score of q1 is 'abc'", "0, 1 or 2"])],
     "export": [("{d}/list.jsonl --out {d}/e", ["list.jsonl:2", "not list"]),
                ("{d}/list.jsonl --out {d}/list.jsonl", ["list.jsonl", "is the input"])],
     "infer": [("--model random --benchmark {d}/list.jsonl --out {d}/p.jsonl", ["list.jsonl:2", "not list"]),
@@ -76,6 +77,7 @@ def broken(tmp_path_factory):
     (d / "bad.json").write_text('[{"question": "Q", ')
     (d / "strverdict.json").write_text('[{"question": "Q", "answer": "A", "prediction": "P", "is_correct": "true"}]')
     (d / "sheet.csv").write_text("a,b\n1,2\n")
+    (d / "badscore.csv").write_text("qid,rater_1_score,rater_2_score\nq1,abc,2\nq2,1,1\n")
     (d / "secret.yaml").write_text("""validate:\n  llm: '{"backend": "openai", "model": "m", "api_key": "sk-0123456789abcdef"}'\n""")
     (d / "afile").write_text("x")
     (d / "emptydir").mkdir()
