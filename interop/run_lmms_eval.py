@@ -37,7 +37,7 @@ def expected(parquet: Path, letter: str) -> dict:
 
 def metrics_of(results: dict) -> dict:
     r = results["results"][TASK]
-    return {k.split(",")[0]: v for k, v in r.items() if "," in k and not k.split(",")[0].endswith("_stderr")}
+    return {k.split(",")[0]: v for k, v in r.items() if "," in k and "_stderr" not in k}
 
 
 def compare(got: dict, want: dict, numeric_mra: float) -> list[str]:
@@ -109,7 +109,7 @@ def main() -> int:
     import lmms_eval
     from importlib.metadata import version
     t0 = time.perf_counter()
-    summary = {"lmms_eval": version("lmms_eval"), "export": str(export)}
+    summary = {"lmms_eval": version("lmms_eval"), "torch": version("torch"), "export": str(export)}
     with tempfile.TemporaryDirectory(prefix="spatialvqa-interop-") as tmp:
         cwd = Path(tmp)                             # a foreign working directory: neither the repository nor the export
         os.chdir(cwd)
