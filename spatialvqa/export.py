@@ -188,8 +188,9 @@ def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | N
              "(unique across the two files), `question`, `A`-`D` and the letter `answer` (multiple choice), `category` "
              "(task), `l2-category` (subtask), and `image`: the base64 PNG views, a list of them for several views "
              "(VLMEvalKit writes them to files and shows them in order). VLMEvalKit scores the multiple-choice file itself; "
-             "for the numeric file its custom VQA dataset has no evaluator (it raises NotImplementedError), so score "
-             f"its prediction file with the shipped `python vlmevalkit/spatialvqa_score.py <model>_{name}_numeric.xlsx` "
+             "for the numeric file its custom VQA dataset has no evaluator (it raises NotImplementedError), so run it with "
+             f"`--mode infer` and score its prediction file with the shipped `python vlmevalkit/spatialvqa_score.py "
+             f"<model>_{name}_numeric.xlsx` "
              "(any of the two files' prediction tables: xlsx, tsv, csv), which prints per-task and overall scores read and "
              "scored exactly as below.", "",
              "## Scoring", "",
