@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro test check nbtest pytest pytest-slow bench readme
+.PHONY: setup repro test check nbtest pytest pytest-slow bench readme interop
 
 setup: $(VENV)/.setup-done
 
@@ -55,3 +55,20 @@ bench: setup
 # README.md is written from nbs/index.ipynb (tests/test_readme.py checks that it is up to date)
 readme:
 	$(PY) scripts/readme.py
+
+# Optional, not part of `make test`: lmms-eval 0.7.3 from PyPI in its own venv (torch==2.13.0 first) runs the exported
+# task (data/export from `dvc repro -s export`) from a temporary working directory outside the repository, with its
+# `dummy` model and with a model that checks every question's images; prints the numbers, the expected ones and the time.
+INTEROP_VENV ?= .venv-interop
+
+$(INTEROP_VENV)/.interop-done:
+	test -x $(INTEROP_VENV)/bin/python || python3 -m venv $(INTEROP_VENV)
+	$(INTEROP_VENV)/bin/python -m pip install -q torch==2.13.0
+	# lmms-eval requires torchvision, and torchvision 0.28 (the one built for torch 2.13.0) does not load with torch's CPU
+	# build 2.13.0+cpu ("operator torchvision::nms does not exist"): torchvision 0.29.1 moves this venv, and only this one,
+	# to torch 2.14
+	$(INTEROP_VENV)/bin/python -m pip install -q "lmms-eval==0.7.3" "torchvision==0.29.1"
+	touch $@
+
+interop: $(INTEROP_VENV)/.interop-done
+	$(INTEROP_VENV)/bin/python interop/run_lmms_eval.py --export data/export

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
+import importlib.util
 import inspect
 import json
 import os
@@ -16,53 +18,98 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from .core import atomic_write, dumps, get_logger, read_jsonl, read_records, write_jsonl, write_parquet
+from .core import atomic_write, check_output, dumps, get_logger, read_jsonl, read_records, write_jsonl
 from . import parse, prompt, stats
 from .prompt import build_prompt
 from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, markdown_table
+from .scoring import outcome
+from .results import in_scope
 
 # %% auto #0
-__all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'FIELD_NOTES', 'LMMS_UTILS', 'export_frame',
-           'export_jsonl_parquet', 'dataset_card', 'write_dataset_card', 'vlmevalkit_frames', 'export_vlmevalkit',
-           'module_statements', 'lmms_utils_source', 'lmms_yaml', 'export_lmms_eval', 'export_all', 'add_cli']
+__all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE', 'FIELD_NOTES', 'LICENCE_NAME', 'LMMS_UTILS',
+           'DEFAULT_VIEWS', 'read_views', 'export_frame', 'write_dataset_parquet', 'export_jsonl_parquet',
+           'letter_counts', 'licence_text', 'dataset_card', 'write_dataset_card', 'module_statements',
+           'lmms_utils_source', 'vlmevalkit_scorer_source', 'lmms_yaml', 'export_lmms_eval', 'load_utils',
+           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'add_cli']
 
 # %% ../nbs/46_export.ipynb #22470be8
 NAME = "spatialvqa_trackA"
 LMMS_TASK = "spatialvqa_tracka"
 JSON_FIELDS = ("spec", "measurements", "hosts", "blind", "blind_vote")
-EXPORT_FIELDS = (*RECORD_FIELDS, "prompt", "blind", "blind_vote", "blind_right", "image_path")
+EXPORT_FIELDS = (*RECORD_FIELDS, "prompt", "blind", "blind_vote", "blind_right", "views")
+# the `datasets` feature of the `views` column, as `datasets` itself records it in a parquet file's schema metadata
+VIEWS_FEATURE = {"feature": {"_type": "Image"}, "_type": "Sequence"}
+_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])      # the arrow layout of a `datasets` Image
 
-def export_frame(records: Sequence[dict], image_paths: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
-    """The records as a flat table: `RECORD_FIELDS`, `prompt`, the blind predictions when present, and `image_path`
-    (rendered views per qid) when `image_paths` is given; nested fields as JSON text."""
+def read_views(index: str | os.PathLike, root: str | os.PathLike | None = None) -> dict[str, list[Path]]:
+    """qid -> the rendered view files a render stage's `index.jsonl` lists (`data/views/<representation>/index.jsonl`),
+    in the order a model sees them. The index names its files relative to the repository root (`root`, default: the
+    current directory); a listed file that is not there is a FileNotFoundError naming it and the index."""
+    root = Path.cwd() if root is None else Path(root)
+    out = {}
+    for row in read_records(index):
+        files = [Path(f) if Path(f).is_absolute() else root / f for f in row.get("files") or []]
+        for f in files:
+            if not f.is_file(): raise FileNotFoundError(f"{index}: view {f} of {row['qid']} does not exist (run the render stage)")
+        out[str(row["qid"])] = files
+    return out
+
+def _views_for(records: Sequence[dict], views: Mapping[str, Sequence[str | os.PathLike]] | None) -> list[list[Path]]:
+    "Every record's view files; a record without any is a ValueError naming it: an export is never silently blind."
+    if views is None: raise ValueError("no rendered views given: the exports carry every question's images (render them first: dvc repro -s render)")
+    missing = [r["qid"] for r in records if not views.get(r["qid"])]
+    if missing: raise ValueError(f"{len(missing)} of {len(records)} questions have no rendered views (e.g. {missing[0]}): "
+                                 "render the benchmark first (dvc repro -s render)")
+    return [[Path(p) for p in views[r["qid"]]] for r in records]
+
+def export_frame(records: Sequence[dict], views: Mapping[str, Sequence[str | os.PathLike]] | None = None) -> pd.DataFrame:
+    """The records as a flat table: `RECORD_FIELDS`, `prompt`, the blind predictions when present, nested fields as JSON
+    text; with `views` (qid -> image files), the column `views`: each question's images as `{"bytes": PNG, "path": file
+    name}`, the layout of a `datasets` Image."""
+    files = _views_for(records, views) if views is not None else None
     rows = []
-    for r in records:
+    for i, r in enumerate(records):
         row = {k: (dumps(r.get(k)) if k in JSON_FIELDS else r.get(k)) for k in RECORD_FIELDS}
         row["prompt"] = build_prompt(r)
         if any("blind" in x for x in records):
             row["blind"], row["blind_vote"] = dumps(r.get("blind")), dumps(r.get("blind_vote"))
             row["blind_right"] = r.get("blind_right")
-        if image_paths is not None: row["image_path"] = [str(p) for p in image_paths.get(r["qid"], [])]
+        if files is not None: row["views"] = [{"bytes": p.read_bytes(), "path": p.name} for p in files[i]]
         rows.append(row)
     cols = [c for c in EXPORT_FIELDS if rows and c in rows[0]] or list(RECORD_FIELDS)
     return pd.DataFrame(rows, columns=cols)
 
+def write_dataset_parquet(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write `df` to parquet atomically; a `views` column is written as a list of `datasets` Images (with the schema
+    metadata `datasets` reads), so `load_dataset("parquet", ...)` gives PIL images."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if "views" in df.columns:
+        table = table.set_column(table.schema.get_field_index("views"), "views", pa.array(df["views"].tolist(), type=pa.list_(_IMAGE)))
+        meta = {**(table.schema.metadata or {}), b"huggingface": json.dumps({"info": {"features": {"views": VIEWS_FEATURE}}}).encode()}
+        table = table.replace_schema_metadata(meta)
+    with atomic_write(path, "wb") as f: pq.write_table(table, f)
+    return Path(path)
+
 def export_jsonl_parquet(records: Sequence[dict], out: str | os.PathLike, name: str = NAME,
-                         image_paths: Mapping[str, Sequence[str]] | None = None) -> dict[str, Path]:
-    "Write `<out>/<name>.jsonl` (the records) and `<out>/<name>.parquet` (`export_frame`); return their paths."
+                         views: Mapping[str, Sequence[str | os.PathLike]] | None = None) -> dict[str, Path]:
+    "Write `<out>/<name>.jsonl` (the records as they are) and `<out>/<name>.parquet` (`export_frame`, images embedded); return their paths."
     out = Path(out)
-    recs = [dict(r, image_path=list(image_paths.get(r["qid"], []))) if image_paths is not None else r for r in records]
-    return {"jsonl": write_jsonl(recs, out / f"{name}.jsonl"),
-            "parquet": write_parquet(export_frame(records, image_paths), out / f"{name}.parquet")}
+    return {"jsonl": write_jsonl(records, out / f"{name}.jsonl"),
+            "parquet": write_dataset_parquet(export_frame(records, views), out / f"{name}.parquet")}
+
 
 # %% ../nbs/46_export.ipynb #2c1fa781
 FIELD_NOTES = {"prompt": "the question with lettered options and the answer format, exactly as the compendium asks it (spatialvqa.prompt.build_prompt)",
                "blind": "JSON: what each blind answerer (no image) predicted when the benchmark was validated",
                "blind_vote": "JSON: the probability each blind answerer gave the correct answer (kept: their mean is below 0.5)",
                "blind_right": "how many blind answerers were right",
-               "image_path": "rendered views of the scan(s) for 2D models, when a render stage made them"}
+               "views": "the rendered views of the scan(s) a question is about (PNG), a sequence of `datasets` Images: what a 2D model is shown"}
+LICENCE_NAME = "spatialvqa-trackA-mixed"     # the card's `license_name` for `license: other`: each scan keeps its source's licence
 
 def _composition(records: Sequence[dict]) -> pd.DataFrame:
     c = Counter((r["task"], r["format"]) for r in records)
@@ -71,15 +118,39 @@ def _composition(records: Sequence[dict]) -> pd.DataFrame:
     rows.append({"task": "all", "format": "", "questions": len(records), "subtasks": len({r["subtask"] for r in records})})
     return pd.DataFrame(rows)
 
+def letter_counts(records: Sequence[dict]) -> pd.DataFrame:
+    """Correct letters per multiple-choice task (and all of them): counts per letter, `n`, `spread` (largest minus
+    smallest count) and `majority` (the share of the most frequent letter: what answering always that letter scores)."""
+    mc = [r for r in records if r["format"] == "mc"]
+    rows = []
+    for t in [*[t for t in TASKS if any(r["task"] == t for r in mc)], "all"]:
+        c = Counter(r["answer_letter"] for r in mc if t == "all" or r["task"] == t)
+        n = sum(c.values())
+        rows.append({"task": t, **{l: c.get(l, 0) for l in LETTERS}, "n": n,
+                     "spread": max(c.get(l, 0) for l in LETTERS) - min(c.get(l, 0) for l in LETTERS),
+                     "majority": round(max(c.values()) / n, 4) if n else float("nan")})
+    return pd.DataFrame(rows)
+
+def licence_text(licences: Mapping[str, str], name: str = NAME) -> str:
+    "`LICENSE.md` of an export: the licence of each source's scans (`licences`: source -> 'N scans; licence ...')."
+    return "\n".join([f"# Licences of {name}", "",
+                      "The questions, answers and rendered views are derived from CT scans and masks of several sources; each "
+                      "keeps its source's licence. The code that made them (spatialvqa) is Apache-2.0.", "",
+                      "| source | scans and licence |", "|:---|:---|", *[f"| {s} | {t} |" for s, t in licences.items()]]) + "\n"
+
+def _pct(x) -> str: return "-" if x is None or x != x else f"{100 * x:.1f}"
+
 def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | None = None,
                  sources: Mapping[str, str] | None = None, columns: Sequence[str] | None = None,
-                 lmms_data_file: str | None = None) -> str:
+                 views_info: str | None = None, aggregates: pd.DataFrame | None = None) -> str:
     """The dataset card (Markdown with YAML front matter) of an exported benchmark. `summary`: the validate stage's
-    summary (filter counts); `sources`: a line per data source (e.g. licence); `columns`: the parquet columns;
-    `lmms_data_file`: the parquet path the lmms-eval task was written with."""
+    summary (filter counts); `sources`: source -> its scans and licence (also `LICENSE.md`); `columns`: the parquet
+    columns; `views_info`: a phrase saying how the views were rendered; `aggregates`: per baseline, Table 2's MCA AVG
+    beside the harnesses' means over questions (`aggregate_table`)."""
     n = len(records)
     size = "n<1K" if n < 1000 else "1K<n<10K" if n < 10_000 else "10K<n<100K"
     front = ["---", f"pretty_name: SpatialVQA Track A ({name})", "language:", "- en", "license: other",
+             f"license_name: {LICENCE_NAME}", "license_link: LICENSE.md",
              "task_categories:", "- visual-question-answering", "- multiple-choice",
              "tags:", "- medical", "- computed-tomography", "- 3d", "- spatial-reasoning", "- benchmark",
              "size_categories:", f"- {size}", "configs:", "- config_name: default", "  data_files:",
@@ -105,60 +176,67 @@ def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | N
     body += [f"| `{c}` | {notes.get(c, '').replace('|', '/')} |" for c in cols]
     body += ["", "## Loading", "", "```python", "from datasets import load_dataset",
              f'ds = load_dataset("parquet", data_files={{"test": "{name}.parquet"}})["test"]',
-             'ds = load_dataset("path/to/this/folder")["test"]          # the same, through the card\'s configs', "```", "",
-             f"VLMEvalKit: `{name}.tsv` (multiple choice: index, question, A-D, answer, category = task, l2-category = "
-             f"subtask) and `{name}_numeric.tsv` (VOLEST), both with `qid` and `image_path`. lmms-eval: "
-             f"`python -m lmms_eval --include_path <this folder>/lmms_eval --tasks {LMMS_TASK} ...`"
-             + (f", run where the task's `data_files` path `{lmms_data_file}` resolves." if lmms_data_file else "."), "",
+             'ds = load_dataset("path/to/this/folder")["test"]          # the same, through the card\'s configs',
+             'ds[0]["views"]                                             # a list of PIL images', "```", "",
+             f"**lmms-eval** (from any working directory): `python -m lmms_eval --include_path <this folder>/lmms_eval "
+             f"--tasks {LMMS_TASK} --model ...`. The task's `data_files` is `../../{name}.parquet`, relative to the task "
+             "folder (lmms-eval >= 0.7.3 resolves a relative `data_files` there); its `utils.py` stops with an error when "
+             "that file is missing, and `doc_to_visual` gives every question its views (an error, never an empty list, "
+             "when a question has none).", "",
+             f"**VLMEvalKit**: copy `{name}.tsv` (multiple choice) and `{name}_numeric.tsv` (VOLEST) into `$LMUData` and run "
+             f"`python run.py --data {name} {name}_numeric --model ...`. Both follow its custom-dataset conventions: `index` "
+             "(unique across the two files), `question`, `A`-`D` and the letter `answer` (multiple choice), `category` "
+             "(task), `l2-category` (subtask), and `image`: the base64 PNG views, a list of them for several views "
+             "(VLMEvalKit writes them to files and shows them in order). VLMEvalKit scores the multiple-choice file itself; "
+             "for the numeric file its custom VQA dataset has no evaluator (it raises NotImplementedError), so run it with "
+             f"`--mode infer` and score its prediction file with the shipped `python vlmevalkit/spatialvqa_score.py "
+             f"<model>_{name}_numeric.xlsx` "
+             "(any of the two files' prediction tables: xlsx, tsv, csv), which prints per-task and overall scores read and "
+             "scored exactly as below.", "",
              "## Scoring", "",
-             "Replies are read by `spatialvqa.parse` (a copy of its source is the lmms-eval task's `utils.py`); an answer "
-             "that cannot be read scores 0. Multiple choice: accuracy of the option letter (chance 0.25; letters are balanced "
-             "per task). Numeric: Mean Relative Accuracy as VSI-Bench defines it and Table 2 computes it (`spatialvqa.stats.mra`), "
-             "the share of thresholds θ ∈ {0.50, 0.55, …, 0.95} with |pred − truth| / truth ≤ 1 − θ.",
-             "", "## Images", "",
-             "Not embedded: `images` holds the path of each CT volume (NIfTI/NRRD) a question is about, relative to the "
-             "compendium's root; `label_maps` the masks the answers come from.", "",
-             "## Sources", ""]
+             "Replies are read by `spatialvqa.parse` (a copy of its source is the lmms-eval task's `utils.py` and the "
+             "VLMEvalKit scorer); an answer that cannot be read scores 0. Multiple choice: accuracy of the option letter. "
+             "Numeric: Mean Relative Accuracy as VSI-Bench defines it and Table 2 computes it (`spatialvqa.stats.mra`), "
+             "the share of thresholds θ ∈ {0.50, 0.55, …, 0.95} with |pred − truth| / truth ≤ 1 − θ.", ""]
+    lc = letter_counts(records)
+    allrow = lc.iloc[-1]
+    balanced = bool((lc["spread"] <= 1).all())
+    body += ["## Correct letters", "",
+             "Counted on this export, per task: " + ("every task's letters are balanced (counts differ by at most one), so "
+             "a constant letter scores about chance (0.25)." if balanced else
+             f"the letters are not balanced (largest spread {int(lc['spread'].max())} questions): answering always the "
+             f"most frequent letter scores {_pct(allrow['majority'])}% overall, not 25%."), "",
+             markdown_table(lc), ""]
+    body += ["## Aggregates", "",
+             "The compendium's Table 2 reports **MCA AVG**, the mean of the five multiple-choice task accuracies (every "
+             "task weighs the same, whatever its number of questions), and **Volume MRA** (VOLEST). The harnesses average "
+             "over questions: lmms-eval's `mc_accuracy` and VLMEvalKit's `Overall` are the share of multiple-choice "
+             "questions answered right, `numeric_mra` the MRA over the numeric questions, and `score` the mean over all "
+             "questions (each multiple-choice 1/0, each numeric its MRA). Per-task numbers (`<TASK>_score`, VLMEvalKit's "
+             "per-category accuracy) are the same in both."]
+    if aggregates is not None and len(aggregates):
+        body += ["", "The baselines of the compendium, scored on this export by the shipped `utils.py` (percent):", "",
+                 markdown_table(aggregates)]
+    body += ["", "## Images", "",
+             "`views` embeds the rendered views of every question (PNG) as a sequence of `datasets` Images; the "
+             "VLMEvalKit files carry the same images in base64. "
+             + (f"They were rendered with {views_info}. " if views_info else "")
+             + "`images` keeps the path of each CT volume (NIfTI/NRRD) a question is about, relative to the compendium's "
+             "root, for 3D models run from the compendium; `label_maps` the masks the answers come from.", "",
+             "## Sources and licences", "",
+             f"`license: other` (`{LICENCE_NAME}`): each scan keeps its source's licence, listed in `LICENSE.md`:", ""]
     body += [f"- {s}: {t}" for s, t in (sources or {}).items()] or ["- see the compendium's `data/` and `params.yaml`"]
     return "\n".join(front + body) + "\n"
 
 def write_dataset_card(records: Sequence[dict], out: str | os.PathLike, name: str = NAME, summary: Mapping | None = None,
                        sources: Mapping[str, str] | None = None, columns: Sequence[str] | None = None,
-                       lmms_data_file: str | None = None) -> Path:
-    "Write `dataset_card(...)` to `<out>/README.md`."
+                       views_info: str | None = None, aggregates: pd.DataFrame | None = None) -> Path:
+    "Write `dataset_card(...)` to `<out>/README.md` and the licences of `sources` to `<out>/LICENSE.md`."
     with atomic_write(Path(out) / "README.md") as f:
-        f.write(dataset_card(records, name, summary, sources, columns, lmms_data_file))
+        f.write(dataset_card(records, name, summary, sources, columns, views_info, aggregates))
+    with atomic_write(Path(out) / "LICENSE.md") as f: f.write(licence_text(sources or {}, name))
     return Path(out) / "README.md"
 
-# %% ../nbs/46_export.ipynb #d681c160
-def _image_col(r: dict, image_paths: Mapping[str, Sequence[str]] | None) -> str:
-    p = list(image_paths.get(r["qid"], [])) if image_paths is not None else [x for x in (r.get("images") or []) if x]
-    return p[0] if len(p) == 1 else json.dumps([str(x) for x in p])
-
-def vlmevalkit_frames(records: Sequence[dict], image_paths: Mapping[str, Sequence[str]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "The VLMEvalKit tables: multiple choice (index, question, A-D, answer, category, ...) and numeric (index, question, answer, ...)."
-    mc, num = [], []
-    for r in records:
-        base = {"qid": r["qid"], "category": r["task"], "l2-category": r["subtask"], "image_path": _image_col(r, image_paths)}
-        if r["format"] == "mc":
-            mc.append({"index": len(mc), "question": r["question"], **dict(zip(LETTERS, r["options"])),
-                       "answer": r["answer_letter"], **base})
-        else:
-            num.append({"index": len(num), "question": build_prompt(r).replace("\n", " "), "answer": fmt_number(r["answer_value"], r["unit"]).split()[0],
-                        "answer_value": r["answer_value"], "unit": r["unit"], **base})
-    mcols = ["index", "question", *LETTERS, "answer", "category", "l2-category", "image_path", "qid"]
-    ncols = ["index", "question", "answer", "category", "l2-category", "image_path", "qid", "answer_value", "unit"]
-    return pd.DataFrame(mc, columns=mcols), pd.DataFrame(num, columns=ncols)
-
-def export_vlmevalkit(records: Sequence[dict], out: str | os.PathLike, name: str = NAME,
-                      image_paths: Mapping[str, Sequence[str]] | None = None) -> dict[str, Path]:
-    "Write `<out>/<name>.tsv` (multiple choice) and `<out>/<name>_numeric.tsv` (numeric questions)."
-    out = Path(out)
-    paths = {}
-    for key, df in zip(("tsv", "tsv_numeric"), vlmevalkit_frames(records, image_paths)):
-        paths[key] = out / (f"{name}.tsv" if key == "tsv" else f"{name}_numeric.tsv")
-        with atomic_write(paths[key], newline="") as f: df.to_csv(f, sep="\t", index=False)
-    return paths
 
 # %% ../nbs/46_export.ipynb #cf8a47a7
 _LMMS_HEAD = '''"""lmms-eval task functions for the SpatialVQA Track A benchmark, written by spatialvqa.export (re-export, do not edit).
@@ -168,6 +246,7 @@ spatialvqa.stats.mra are copied below from the package's source, so replies are 
 compendium's Table 2 does, without spatialvqa installed. Loaded the way lmms-eval loads it (from its file, not
 registered in sys.modules), so annotations are evaluated at once (Python >= 3.10)."""
 import dataclasses
+import io
 import os
 import re
 from collections import Counter
@@ -178,6 +257,14 @@ import numpy as np
 
 LETTERS = {letters!r}
 TASKS = {tasks!r}
+# the exported parquet, relative to this file's folder (the task YAML's data_files names the same file)
+DATA_FILE = {data_file!r}
+DATA_PATH = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_FILE))
+'''
+
+_LMMS_DATA_CHECK = '''if not os.path.isfile(DATA_PATH):
+    raise FileNotFoundError(f"{DATA_PATH}: the SpatialVQA Track A parquet is missing (the task folder must stay inside "
+                            "the exported folder, two levels below the parquet)")
 '''
 
 _LMMS_TASK_FUNCTIONS = '''
@@ -188,14 +275,38 @@ def _record(doc):
     return r
 
 
-def doc_to_visual(doc):
-    """Rendered views of the scan(s) (the `image_path` column) as RGB images; none until a render stage made them."""
-    paths = doc.get("image_path")
-    paths = [str(p) for p in ([] if paths is None else list(paths)) if p and os.path.exists(str(p))]
-    if not paths:
-        return []
+def _open(image):
+    "A view as an RGB PIL image: a decoded `datasets` Image, or its raw {bytes, path} form (pandas, pyarrow)."
     from PIL import Image
-    return [Image.open(p).convert("RGB") for p in paths]
+    if isinstance(image, Mapping):
+        image = Image.open(io.BytesIO(image["bytes"]))
+    return image.convert("RGB")
+
+
+def doc_to_visual(doc):
+    """The rendered views of the question (the `views` column) as RGB PIL images; a question without views is an error,
+    never an empty list (a model would silently answer blind)."""
+    views = doc.get("views")
+    views = [] if views is None else list(views)
+    if not views:
+        raise ValueError(f"{doc.get('qid')}: no rendered views in {DATA_PATH}")
+    return [_open(v) for v in views]
+
+
+def process_docs(dataset):
+    """Check, when lmms-eval loads the dataset, that every question carries at least one view; return it unchanged."""
+    if hasattr(dataset, "data") and hasattr(dataset.data, "column"):
+        import pyarrow.compute as pc
+        col = dataset.data.column("views") if "views" in dataset.column_names else None
+        counts = [0] * len(dataset) if col is None else pc.fill_null(pc.list_value_length(col), 0).to_pylist()
+        qids = dataset.data.column("qid").to_pylist()
+    else:
+        counts = [len(d.get("views") or []) for d in dataset]
+        qids = [d.get("qid") for d in dataset]
+    bad = [q for q, n in zip(qids, counts) if n < 1]
+    if bad:
+        raise ValueError(f"{DATA_PATH}: {len(bad)} questions without views (e.g. {bad[0]})")
+    return dataset
 
 
 def doc_to_text(doc, lmms_eval_specific_kwargs=None):
@@ -234,6 +345,59 @@ def aggregate_mean(values):
     return sum(vals) / len(vals) if vals else float("nan")
 '''
 
+_VLMEVAL_MAIN = '''
+def _read_table(path):
+    import pandas as pd
+    p = str(path)
+    if p.endswith(".xlsx"):
+        return pd.read_excel(p)
+    if p.endswith(".csv"):
+        return pd.read_csv(p)
+    if p.endswith(".jsonl"):
+        return pd.read_json(p, lines=True)
+    return pd.read_csv(p, sep="\\t")
+
+
+def _doc(row):
+    "A VLMEvalKit row (either exported TSV's columns) as the record score_reply reads."
+    mc = "answer_value" not in row and all(l in row for l in LETTERS)
+    if mc:
+        return {"qid": row.get("qid"), "task": row["category"], "format": "mc", "options": [str(row[l]) for l in LETTERS],
+                "answer_letter": str(row["answer"]).strip()}
+    return {"qid": row.get("qid"), "task": row["category"], "format": "numeric", "options": None,
+            "answer_value": float(row["answer_value"]), "unit": row.get("unit") or "mL"}
+
+
+def score_vlmevalkit(pred_file):
+    """Score a VLMEvalKit prediction file of either exported TSV (its columns plus `prediction`) as the compendium does:
+    the per-question scores and a summary (questions, mean over questions, per task, MCA AVG over the multiple-choice tasks)."""
+    df = _read_table(pred_file)
+    if "prediction" not in df.columns:
+        raise SystemExit(f"{pred_file}: no `prediction` column (VLMEvalKit's prediction files have one)")
+    rows = []
+    for row in df.to_dict("records"):
+        doc = _doc(row)
+        pred = row["prediction"]
+        rows.append({"index": row.get("index"), "qid": doc["qid"], "task": doc["task"], "format": doc["format"],
+                     "score": score_reply(doc, "" if pred is None or pred != pred else str(pred))})
+    by_task = {}
+    for r in rows:
+        by_task.setdefault(r["task"], []).append(r["score"])
+    tasks = {t: sum(v) / len(v) for t, v in by_task.items()}
+    mc_tasks = [t for t in tasks if any(r["task"] == t and r["format"] == "mc" for r in rows)]
+    summary = {"questions": len(rows), "score": sum(r["score"] for r in rows) / len(rows) if rows else float("nan"),
+               "tasks": tasks, "MCA AVG": sum(tasks[t] for t in mc_tasks) / len(mc_tasks) if mc_tasks else None}
+    return rows, summary
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python spatialvqa_score.py <VLMEvalKit prediction file of spatialvqa_trackA(_numeric)>")
+    print(json.dumps(score_vlmevalkit(sys.argv[1])[1], indent=2))
+'''
+
 def _defined(node) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): return {node.name}
     if isinstance(node, ast.Assign): return {t.id for t in node.targets if isinstance(t, ast.Name)}
@@ -255,9 +419,10 @@ def module_statements(module, names: Sequence[str] | None = None) -> str:
         out.append("\n".join(lines[start - 1:node.end_lineno]))
     return "\n\n".join(out) + "\n"
 
-def lmms_utils_source() -> str:
-    "The lmms-eval task's `utils.py`: the source of `spatialvqa.prompt`, `spatialvqa.parse` and `stats.mra`, and the task functions."
-    parts = [_LMMS_HEAD.format(letters=LETTERS, tasks=tuple(TASKS)),
+def lmms_utils_source(name: str = NAME, check: bool = True) -> str:
+    """The lmms-eval task's `utils.py`: the source of `spatialvqa.prompt`, `spatialvqa.parse` and `stats.mra`, and the task
+    functions, for the parquet `<name>.parquet` two folders above it (loading it fails without that file when `check`)."""
+    parts = [_LMMS_HEAD.format(letters=LETTERS, tasks=tuple(TASKS), data_file=f"../../{name}.parquet") + (_LMMS_DATA_CHECK if check else ""),
              "# ---- spatialvqa.stats: Mean Relative Accuracy\n" + module_statements(stats, ["MRA_THRESHOLDS", "mra"]),
              "# ---- spatialvqa.prompt\n" + module_statements(prompt),
              "# ---- spatialvqa.parse\n" + module_statements(parse),
@@ -266,51 +431,136 @@ def lmms_utils_source() -> str:
 
 LMMS_UTILS = lmms_utils_source()
 
+def vlmevalkit_scorer_source(name: str = NAME) -> str:
+    "`vlmevalkit/spatialvqa_score.py`: the task functions of `lmms_utils_source` and a command that scores a VLMEvalKit prediction file."
+    src = lmms_utils_source(name, check=False).replace("lmms-eval task functions for", "VLMEvalKit scorer for", 1)
+    return src + _VLMEVAL_MAIN
+
 def lmms_yaml(data_file: str, task: str = LMMS_TASK, max_new_tokens: int = 32) -> str:
-    "The lmms-eval task YAML for the parquet at `data_file`."
+    "The lmms-eval task YAML for the parquet at `data_file` (relative to the task folder, or absolute)."
     metrics = ["score", "mc_accuracy", "numeric_mra", *[f"{t}_score" for t in TASKS]]
     lines = ["# lmms-eval task for the SpatialVQA Track A benchmark, written by spatialvqa.export (re-export, do not edit).",
-             "# data_files is resolved from the directory lmms-eval runs in.",
+             "# data_files is relative to this folder (lmms-eval >= 0.7.3 resolves it here, from any working directory).",
              f"task: {task}", "dataset_path: parquet", "dataset_kwargs:", "  data_files:", f"    test: {json.dumps(str(data_file))}",
-             "test_split: test", "output_type: generate_until",
+             "test_split: test", "output_type: generate_until", "process_docs: !function utils.process_docs",
              "doc_to_visual: !function utils.doc_to_visual", "doc_to_text: !function utils.doc_to_text",
              "doc_to_target: !function utils.doc_to_target", "generation_kwargs:", f"  max_new_tokens: {max_new_tokens}",
              "  temperature: 0", "  do_sample: false", "process_results: !function utils.process_results", "metric_list:"]
     for m in metrics:
         lines += [f"  - metric: {m}", "    aggregation: !function utils.aggregate_mean", "    higher_is_better: true"]
-    lines += ["lmms_eval_specific_kwargs:", "  default:", '    pre_prompt: ""', '    post_prompt: ""', "metadata:", "  - version: 0.1"]
+    lines += ["lmms_eval_specific_kwargs:", "  default:", '    pre_prompt: ""', '    post_prompt: ""', "metadata:", "  - version: 0.2"]
     return "\n".join(lines) + "\n"
 
-def export_lmms_eval(out: str | os.PathLike, data_file: str | os.PathLike, task: str = LMMS_TASK) -> dict[str, Path]:
-    "Write the lmms-eval task folder `<out>/<task>/` (`<task>.yaml`, `utils.py`) reading the parquet at `data_file`."
-    d = Path(out) / task
+def export_lmms_eval(out: str | os.PathLike, name: str = NAME, task: str = LMMS_TASK, absolute: bool = False) -> dict[str, Path]:
+    """Write the lmms-eval task folder `<out>/lmms_eval/<task>/` (`<task>.yaml`, `utils.py`) for the parquet
+    `<out>/<name>.parquet`, named relative to the task folder (absolute when `absolute`, for lmms-eval < 0.7.3)."""
+    d = Path(out) / "lmms_eval" / task
     paths = {"lmms_yaml": d / f"{task}.yaml", "lmms_utils": d / "utils.py"}
-    with atomic_write(paths["lmms_yaml"]) as f: f.write(lmms_yaml(str(data_file), task))
-    with atomic_write(paths["lmms_utils"]) as f: f.write(LMMS_UTILS)
+    data_file = (Path(out) / f"{name}.parquet").resolve().as_posix() if absolute else f"../../{name}.parquet"
+    with atomic_write(paths["lmms_yaml"]) as f: f.write(lmms_yaml(data_file, task))
+    with atomic_write(paths["lmms_utils"]) as f: f.write(lmms_utils_source(name))
     return paths
 
+def load_utils(path: str | os.PathLike):
+    "An exported `utils.py` (or the VLMEvalKit scorer) loaded the way lmms-eval loads it: from its file, under no package."
+    spec = importlib.util.spec_from_file_location("spatialvqa_tracka_utils", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# %% ../nbs/46_export.ipynb #d681c160
+def _image_cell(files: Sequence[Path]) -> str:
+    "VLMEvalKit's `image` cell: the base64 PNG, or for several views their list (read back by its `toliststr`)."
+    b = [base64.b64encode(Path(p).read_bytes()).decode("ascii") for p in files]
+    return b[0] if len(b) == 1 else json.dumps(b)
+
+def vlmevalkit_frames(records: Sequence[dict], views: Mapping[str, Sequence[str | os.PathLike]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The VLMEvalKit tables: multiple choice (index, question, A-D, answer, category, l2-category, image, qid) and
+    numeric (index, question, answer, category, l2-category, image, qid, answer_value, unit). `index` counts through both
+    tables, so no two questions share one."""
+    files = _views_for(records, views)
+    mc, num = [], []
+    for i, r in enumerate(records):
+        base = {"category": r["task"], "l2-category": r["subtask"], "image": _image_cell(files[i]), "qid": r["qid"]}
+        if r["format"] == "mc":
+            mc.append({"index": i, "question": r["question"], **dict(zip(LETTERS, r["options"])), "answer": r["answer_letter"], **base})
+        else:
+            num.append({"index": i, "question": build_prompt(r).replace("\n", " "), "answer": fmt_number(r["answer_value"], r["unit"]).split()[0],
+                        **base, "answer_value": r["answer_value"], "unit": r["unit"]})
+    mcols = ["index", "question", *LETTERS, "answer", "category", "l2-category", "image", "qid"]
+    ncols = ["index", "question", "answer", "category", "l2-category", "image", "qid", "answer_value", "unit"]
+    return pd.DataFrame(mc, columns=mcols), pd.DataFrame(num, columns=ncols)
+
+def export_vlmevalkit(records: Sequence[dict], out: str | os.PathLike, views: Mapping[str, Sequence[str | os.PathLike]],
+                      name: str = NAME) -> dict[str, Path]:
+    """Write `<out>/<name>.tsv` (multiple choice), `<out>/<name>_numeric.tsv` (numeric questions) and the scorer
+    `<out>/vlmevalkit/spatialvqa_score.py` for VLMEvalKit's prediction files."""
+    out = Path(out)
+    paths = {}
+    for key, df in zip(("tsv", "tsv_numeric"), vlmevalkit_frames(records, views)):
+        paths[key] = out / (f"{name}.tsv" if key == "tsv" else f"{name}_numeric.tsv")
+        with atomic_write(paths[key], newline="") as f: df.to_csv(f, sep="\t", index=False)
+    paths["vlmevalkit_scorer"] = out / "vlmevalkit" / "spatialvqa_score.py"
+    with atomic_write(paths["vlmevalkit_scorer"]) as f: f.write(vlmevalkit_scorer_source(name))
+    return paths
+
+
+# %% ../nbs/46_export.ipynb #d3e1a002
+def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every model's replies in `scored` (the score stage's per-question table with `raw`; plain questions in each model's
+    scope) scored again by the exported `utils.process_results`, beside the project's own strict per-question score
+    (`scoring.outcome`). Returns (per question: model, qid, task, project, harness; per model in percent: Table 2's
+    `MCA AVG` (the mean of the five task accuracies), the harnesses' means over questions `mc_accuracy`,
+    `numeric_mra` and `score`, and `mismatches`)."""
+    by = {r["qid"]: r for r in records}
+    per, agg = [], []
+    sc = in_scope(scored[scored["rotation"] == 0])
+    for m, g in sc.groupby("model", sort=False, observed=True):
+        project = np.where(g["format"] == "numeric", outcome(g, True, "mra"), outcome(g, True, "correct"))
+        rows = [dict(model=str(m), qid=q, task=t, project=float(p),
+                     harness=utils.process_results(by[q], ["" if raw is None else str(raw)])["score"])
+                for q, t, p, raw in zip(g["qid"], g["task"], project, g["raw"])]
+        per += rows
+        df = pd.DataFrame(rows)
+        mc = df[df["task"] != "VOLEST"]
+        agg.append({"model": str(m), "questions": len(df),
+                    "MCA AVG (Table 2: mean of tasks)": round(100 * float(mc.groupby("task")["harness"].mean().mean()), 1),
+                    "mc_accuracy (mean of questions)": round(100 * float(mc["harness"].mean()), 1),
+                    "numeric_mra (Volume MRA)": round(100 * float(df.loc[df["task"] == "VOLEST", "harness"].mean()), 1),
+                    "score (all questions)": round(100 * float(df["harness"].mean()), 1),
+                    "mismatches": int((df["project"] != df["harness"]).sum())})
+    return pd.DataFrame(per), pd.DataFrame(agg)
+
+
 # %% ../nbs/46_export.ipynb #c8cb249a
-def export_all(records: Sequence[dict], out: str | os.PathLike, name: str = NAME, summary: Mapping | None = None,
-               sources: Mapping[str, str] | None = None, image_paths: Mapping[str, Sequence[str]] | None = None,
-               absolute: bool = False) -> dict[str, Path]:
-    """Write JSONL + parquet, the dataset card, the VLMEvalKit TSVs and the lmms-eval task folder for `records` into
-    `out`. The lmms-eval task points at the parquet by a path relative to the current directory (absolute when
+def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[str, Sequence[str | os.PathLike]],
+               name: str = NAME, summary: Mapping | None = None, sources: Mapping[str, str] | None = None,
+               views_info: str | None = None, aggregates: pd.DataFrame | None = None, absolute: bool = False) -> dict[str, Path]:
+    """Write JSONL + parquet (views embedded), the dataset card and `LICENSE.md`, the VLMEvalKit TSVs (base64 views) with
+    their scorer, and the lmms-eval task folder for `records` into `out`. `views`: qid -> rendered image files (`read_views`);
+    every question must have some. The lmms-eval task names the parquet relative to its own folder (absolute when
     `absolute`). Returns every written path by kind."""
     out = Path(out)
     recs = list(records)
-    paths = export_jsonl_parquet(recs, out, name, image_paths)
-    pq = paths["parquet"].resolve() if absolute else Path(os.path.relpath(paths["parquet"].resolve(), Path.cwd().resolve()))
-    paths["card"] = write_dataset_card(recs, out, name, summary, sources, list(export_frame(recs, image_paths).columns),
-                                       pq.as_posix())
-    paths |= export_vlmevalkit(recs, out, name, image_paths)
-    paths |= export_lmms_eval(out / "lmms_eval", pq.as_posix())
+    _views_for(recs, views)                                   # before anything is written
+    paths = export_jsonl_parquet(recs, out, name, views)
+    cols = list(pq.read_schema(paths["parquet"]).names)
+    paths["card"] = write_dataset_card(recs, out, name, summary, sources, cols, views_info, aggregates)
+    paths["licence"] = out / "LICENSE.md"
+    paths |= export_vlmevalkit(recs, out, views, name)
+    paths |= export_lmms_eval(out, name, absolute=absolute)
     get_logger(__name__).info("exported %d questions to %s", len(recs), out)
     return paths
+
+DEFAULT_VIEWS = "data/views/three_views/index.jsonl"
 
 def _cli_export(a) -> int:
     recs = read_records(a.benchmark)
     if not recs: raise ValueError(f"{a.benchmark}: no questions")
-    for k, p in export_all(recs, a.out, a.name, absolute=a.absolute).items(): print(f"{k}\t{p}")
+    for f in (f"{a.name}.jsonl", f"{a.name}.parquet"): check_output(Path(a.out) / f)     # refused outputs before any reading
+    views = read_views(a.views, a.root)
+    for k, p in export_all(recs, a.out, views, a.name, absolute=a.absolute).items(): print(f"{k}\t{p}")
     return 0
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -318,7 +568,10 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("export", help="export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval")
     p.add_argument("benchmark", help="benchmark JSONL (e.g. data/benchmark/validated.jsonl)")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--views", default=DEFAULT_VIEWS, help=f"the render stage's index of the views (default {DEFAULT_VIEWS})")
+    p.add_argument("--root", default=None, help="folder the index's file paths are relative to (default: the current one)")
     p.add_argument("--name", default=NAME, help=f"file stem (default {NAME})")
-    p.add_argument("--absolute", action="store_true", help="point the lmms-eval task at the parquet by absolute path")
+    p.add_argument("--absolute", action="store_true", help="point the lmms-eval task at the parquet by absolute path (lmms-eval < 0.7.3)")
     p.set_defaults(func=_cli_export)
     return p
+
