@@ -413,10 +413,14 @@ def mentioned_structures(sentence: str) -> list[str]:
     return [n for _, n in sorted(out)]
 
 def reasoning_text(text: str | None) -> str:
-    "The reasoning of a chain-of-thought reply: the text before the last `Answer:` line (all of it when there is none)."
-    t = _after_thinking(text or "") if "</think>" in (text or "") else (text or "")
+    """The reasoning of a chain-of-thought reply: the text before the last `Answer:` line; without one, every sentence
+    but the last (which states the answer), so a bare answer ('B', '120 mL') has no reasoning."""
+    text = text if isinstance(text, str) else ""        # a missing reply (None, or NaN from a table)
+    t = _after_thinking(text) if "</think>" in text else text
     ms = list(_ANSWER_LINE.finditer(t))
-    return t[:ms[-1].start()] if ms else t
+    if ms: return t[:ms[-1].start()]
+    parts = [p for p in _SENTENCES.split(t.strip()) if p.strip()]
+    return " ".join(parts[:-1])
 
 def extract_claims(text: str | None) -> list[dict]:
     "Checkable claims in the reasoning of `text`: kind, value (mm/mL) or direction, structures named, sentence."

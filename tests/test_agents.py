@@ -152,7 +152,10 @@ def test_agents_on_fake_server_then_replay(tmp_path, monkeypatch):
         n_requests = len(srv.requests)
     assert srv.requests[0]["headers"].get("Authorization") == f"Bearer {secret}"
     _check_run(run)
-    assert n_requests == 3 * 5          # annotator, validator, three specialists per question
+    assert n_requests == 3 * 5 + 3      # annotator, validator, three specialists per question; specialists on the rephrasing
+    # paraphrase consistency: specialist_1 answers the template spleen question (B) right, its rephrasing ("A") wrong
+    assert run.summary["paraphrase_consistency"]["specialist_1"] == {"pairs": 1, "acc_template": 1.0, "acc_paraphrase": 0.0,
+                                                                      "consistency": 0.0}
     text = cache.read_text()
     assert secret not in text and "FAKE_AGENTS_KEY" not in text     # the record holds no secret
     # offline: the same run from the record alone (replay: an unrecorded call would be an error)
