@@ -228,3 +228,18 @@ def test_agents_live_gemma_10_questions(tmp_path):
     again = A.run_agents(recs, volumes, *_agents(make_llm({"backend": "replay", "cache": str(cache)}), retriever))
     assert again.summary == run.summary
     print(f"live Gemma agents on 10 questions: {secs:.0f} s; summary {json.dumps(run.summary)}")
+
+
+def test_specialist_from_filter_config(tmp_path):
+    "A specialist built from the JSON-ready config a filter's params can carry, answering inside validate's cross_fit."
+    from spatialvqa.validate import cross_fit
+    Retriever(A.anatomy_passages()).save(tmp_path / "idx")
+    with FakeOpenAIServer(fake_agents) as srv:
+        cfgs = [{"answerer": "specialist", "llm": f"openai:fake-agent@{srv.base_url}", "cache": str(tmp_path / "c.jsonl"),
+                 "index": str(tmp_path / "idx"), "role": role, "name": f"specialist_{i + 1}"} for i, role in enumerate(A.SPECIALIST_ROLES)]
+        sps = [A.specialist_answerer(c) for c in cfgs]
+        preds = cross_fit(RECORDS[:2], sps, folds=2, seed=0)
+    got = {q: {a: e["pred"] for a, e in d.items()} for q, d in preds.items()}
+    assert got == {"s1-VOL-spleen": {"specialist_1": "B", "specialist_2": "D", "specialist_3": None},
+                   "s1-VOL-liver": {"specialist_1": "C", "specialist_2": "C", "specialist_3": "A"}}
+    assert sps[0].cited["s1-VOL-spleen"][0] == "anatomy:spleen#volume"
