@@ -374,8 +374,6 @@ def parse_counts(parses: Iterable[Parse | str]) -> dict[str, int]:
     return {s: int(c.get(s, 0)) for s in STATUSES} | {k: v for k, v in c.items() if k not in STATUSES}
 
 # %% ../nbs/22_parse.ipynb #f948b799
-from functools import lru_cache
-
 CLAIM_KINDS = ("direction", "distance", "size", "volume")
 _CLAIM_NUM = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)?)\s*(mm|cm|millimet(?:er|re)s?|centimet(?:er|re)s?|ml|mL|cc|cm3|cm³|millilit(?:er|re)s?|l|L|lit(?:er|re)s?)(?![\w])")
 _TO_MM = {"mm": 1.0, "cm": 10.0}
@@ -397,11 +395,14 @@ def _unit_kind(u: str) -> tuple[str, float]:
     elif u.startswith("lit"): u = "l"
     return ("length", _TO_MM[u]) if u in _TO_MM else ("volume", _TO_ML[u])
 
-@lru_cache(maxsize=1)
+_NAMES: list[tuple[str, re.Pattern]] = []   # built on first use (no functools: this source is copied into exported tasks)
+
 def _structure_names() -> list[tuple[str, re.Pattern]]:
-    from spatialvqa.anatomy import ANATOMY, readable
-    names = {readable(n).lower(): n for n in ANATOMY}
-    return [(names[r], re.compile(r"\b" + re.escape(r) + r"\b", re.I)) for r in sorted(names, key=len, reverse=True)]
+    if not _NAMES:
+        from spatialvqa.anatomy import ANATOMY, readable
+        names = {readable(n).lower(): n for n in ANATOMY}
+        _NAMES.extend((names[r], re.compile(r"\b" + re.escape(r) + r"\b", re.I)) for r in sorted(names, key=len, reverse=True))
+    return _NAMES
 
 def mentioned_structures(sentence: str) -> list[str]:
     "Label names of the structures a sentence names (longest readable names first, no overlaps)."
