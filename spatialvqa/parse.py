@@ -16,9 +16,9 @@ from decimal import Decimal, InvalidOperation
 from .questions import LETTERS
 
 # %% auto #0
-__all__ = ['STATUSES', 'REFUSAL_PATTERNS', 'UNITS', 'UNIT_ALIASES', 'Parse', 'is_refusal', 'options_map', 'normalise_text',
-           'match_option_text', 'parse_choice', 'extract_choice', 'parse_number', 'extract_number', 'parse_answer',
-           'parse_counts']
+__all__ = ['STATUSES', 'REFUSAL_PATTERNS', 'UNITS', 'UNIT_ALIASES', 'CLAIM_KINDS', 'Parse', 'is_refusal', 'options_map',
+           'normalise_text', 'match_option_text', 'parse_choice', 'extract_choice', 'parse_number', 'extract_number',
+           'parse_answer', 'parse_counts', 'mentioned_structures', 'reasoning_text', 'extract_claims']
 
 # %% ../nbs/22_parse.ipynb #2a2288d6
 STATUSES = ("ok", "no_answer", "ambiguous", "refused", "error")
@@ -372,3 +372,81 @@ def parse_counts(parses: Iterable[Parse | str]) -> dict[str, int]:
     "How many parses have each status (every status listed, zeros included)."
     c = Counter(p.status if isinstance(p, Parse) else str(p) for p in parses)
     return {s: int(c.get(s, 0)) for s in STATUSES} | {k: v for k, v in c.items() if k not in STATUSES}
+
+# %% ../nbs/22_parse.ipynb #f948b799
+CLAIM_KINDS = ("direction", "distance", "size", "volume")
+_CLAIM_NUM = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)?)\s*(mm|cm|millimet(?:er|re)s?|centimet(?:er|re)s?|ml|mL|cc|cm3|cm³|millilit(?:er|re)s?|l|L|lit(?:er|re)s?)(?![\w])")
+_TO_MM = {"mm": 1.0, "cm": 10.0}
+_TO_ML = {"ml": 1.0, "cc": 1.0, "cm3": 1.0, "cm³": 1.0, "l": 1000.0}
+_DIST_WORDS = re.compile(r"\b(?:distance|apart|away|between|separat\w*|from\b.*\bto\b)", re.I)
+_DIR_WORDS = {"right": "right", "left": "left", "anterior": "anterior", "in front": "anterior", "ventral": "anterior",
+              "posterior": "posterior", "behind": "posterior", "dorsal": "posterior", "superior": "superior",
+              "above": "superior", "cranial": "superior", "higher": "superior", "inferior": "inferior", "below": "inferior",
+              "caudal": "inferior", "lower": "inferior"}
+_DIR_RE = re.compile(r"\b(" + "|".join(sorted(_DIR_WORDS, key=len, reverse=True)) + r")\b", re.I)
+_ANSWER_LINE = re.compile(r"(?im)^\s*(?:final\s+)?answer\s*[:：]")
+_SENTENCES = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+def _unit_kind(u: str) -> tuple[str, float]:
+    u = u.lower()
+    if u.startswith("millim"): u = "mm"
+    elif u.startswith("centim") and not u.endswith("3"): u = "cm"
+    elif u.startswith("millil"): u = "ml"
+    elif u.startswith("lit"): u = "l"
+    return ("length", _TO_MM[u]) if u in _TO_MM else ("volume", _TO_ML[u])
+
+_NAMES: list[tuple[str, re.Pattern]] = []   # built on first use (no functools: this source is copied into exported tasks)
+
+def _structure_names() -> list[tuple[str, re.Pattern]]:
+    if not _NAMES:
+        from spatialvqa.anatomy import ANATOMY, readable
+        names = {readable(n).lower(): n for n in ANATOMY}
+        _NAMES.extend((names[r], re.compile(r"\b" + re.escape(r) + r"\b", re.I)) for r in sorted(names, key=len, reverse=True))
+    return _NAMES
+
+def mentioned_structures(sentence: str) -> list[str]:
+    "Label names of the structures a sentence names (longest readable names first, no overlaps)."
+    out, taken = [], []
+    for name, pat in _structure_names():
+        for m in pat.finditer(sentence):
+            if not any(a < m.end() and m.start() < b for a, b in taken):
+                taken.append(m.span()); out.append((m.start(), name))
+    return [n for _, n in sorted(out)]
+
+def reasoning_text(text: str | None) -> str:
+    """The reasoning of a chain-of-thought reply: the text before the last `Answer:` line; without one, every sentence
+    but the last (which states the answer), so a bare answer ('B', '120 mL') has no reasoning."""
+    text = text if isinstance(text, str) else ""        # a missing reply (None, or NaN from a table)
+    t = _after_thinking(text) if "</think>" in text else text
+    ms = list(_ANSWER_LINE.finditer(t))
+    if ms: return t[:ms[-1].start()]
+    parts = [p for p in _SENTENCES.split(t.strip()) if p.strip()]
+    return " ".join(parts[:-1])
+
+def extract_claims(text: str | None) -> list[dict]:
+    "Checkable claims in the reasoning of `text`: kind, value (mm/mL) or direction, structures named, sentence."
+    out = []
+    for s in _SENTENCES.split(reasoning_text(text)):
+        s = s.strip()
+        if not s: continue
+        names = mentioned_structures(s)
+        for m in _CLAIM_NUM.finditer(s):
+            fam, f = _unit_kind(m.group(2))
+            v = float(m.group(1).replace(",", ".")) * f
+            kind = "volume" if fam == "volume" else ("distance" if _DIST_WORDS.search(s) else "size")
+            out.append({"kind": kind, "value": v, "unit": "mL" if fam == "volume" else "mm", "structures": names, "sentence": s})
+        for m in _DIR_RE.finditer(s):
+            # 'left'/'right' inside a structure's own name ('left kidney') is not a direction
+            if any(re.search(r"\b" + re.escape(m.group(1)) + r"\b", _readable(n), re.I) and _inside_name(s, m.start(), n)
+                   for n in names): continue
+            out.append({"kind": "direction", "value": _DIR_WORDS[m.group(1).lower()], "unit": None, "structures": names, "sentence": s})
+    return out
+
+def _readable(name: str) -> str:
+    from spatialvqa.anatomy import readable
+    return readable(name)
+
+def _inside_name(s: str, pos: int, name: str) -> bool:
+    "Whether position `pos` of sentence `s` falls inside a mention of structure `name`."
+    r = _readable(name)
+    return any(m.start() <= pos < m.end() for m in re.finditer(r"\b" + re.escape(r) + r"\b", s, re.I))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from .questions import LETTERS
 
 # %% auto #0
-__all__ = ['PROMPT_STYLES', 'FREE_TEXT_GENERATION', 'build_prompt']
+__all__ = ['PROMPT_STYLES', 'FREE_TEXT_GENERATION', 'COT_INSTRUCTION', 'build_prompt']
 
 # %% ../nbs/21_prompt.ipynb #0a333c5e
 def _answer_format(record: dict) -> str:
@@ -47,3 +47,16 @@ def build_prompt(record: dict, style: str = "default") -> str:
     "The text prompt of `record`: question, lettered options (multiple choice) and the answer-format instruction."
     if style not in PROMPT_STYLES: raise KeyError(f"unknown prompt style {style!r}; have {', '.join(PROMPT_STYLES)}")
     return PROMPT_STYLES[style](record)
+
+# %% ../nbs/21_prompt.ipynb #eade0bf5
+COT_INSTRUCTION = ("Think step by step. First state what you see that decides the question, as plain facts with numbers "
+                   "and units where they apply (which structure lies left, right, anterior, posterior, superior or "
+                   "inferior of which, distances and sizes in mm, volumes in mL). Then give the final answer on the last "
+                   "line, as 'Answer: ' followed by")
+
+def _cot(record: dict) -> str:
+    fmt = _answer_format(record)
+    what = fmt.removeprefix("Answer with ").removeprefix("Answer in ").rstrip(".")
+    return f"{_body(record)}\n{COT_INSTRUCTION} {what}."
+
+PROMPT_STYLES["cot"] = _cot

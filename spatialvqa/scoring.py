@@ -20,10 +20,12 @@ from .questions import LETTERS, base_qid
 from .parse import STATUSES, parse_answer
 
 # %% auto #0
-__all__ = ['FAILURES', 'SCORE_STATUSES', 'FAITHFULNESS', 'ERROR_TYPES', 'SHEET_COLUMNS', 'toy_records', 'score_predictions',
-           'chance_adjusted', 'outcome', 'accuracy_table', 'correctness', 'compare_models', 'circular_eval',
-           'circular_table', 'position_bias', 'blind_gap', 'faithfulness', 'faithfulness_table', 'failure_sheet',
-           'write_failure_sheet', 'read_failure_sheet', 'failure_type_table']
+__all__ = ['FAILURES', 'SCORE_STATUSES', 'FAITHFULNESS', 'ERROR_TYPES', 'SHEET_COLUMNS', 'DIRECTION_MARGIN_MM', 'CLAIM_REL_TOL',
+           'FAITHFULNESS_SHEET_COLUMNS', 'PARA_SUFFIX', 'toy_records', 'score_predictions', 'chance_adjusted',
+           'outcome', 'accuracy_table', 'correctness', 'compare_models', 'circular_eval', 'circular_table',
+           'position_bias', 'blind_gap', 'faithfulness', 'faithfulness_table', 'failure_sheet', 'write_failure_sheet',
+           'read_failure_sheet', 'failure_type_table', 'check_claim', 'reasoning_verdict', 'reasoning_verdicts',
+           'faithfulness_shares', 'faithfulness_sheet', 'paraphrase_consistency']
 
 # %% ../nbs/43_scoring.ipynb #6c186f63
 def toy_records(n_scans: int = 20, per_scan: int = 8, numeric_per_scan: int = 2, seed: int = 0) -> list[dict]:
@@ -295,3 +297,101 @@ def failure_type_table(sheet: pd.DataFrame) -> pd.DataFrame:
     t = t.reindex(sorted(set(sheet["task"])), fill_value=0)
     t["unlabelled"] = sheet[sheet["error_type"] == ""].groupby("task").size().reindex(t.index, fill_value=0)
     return t
+
+# %% ../nbs/43_scoring.ipynb #8b505df0
+from .parse import extract_claims
+from .questions import DIRECTIONS
+
+DIRECTION_MARGIN_MM = 5.0
+CLAIM_REL_TOL = 0.25
+
+def _measured(record: Mapping) -> dict[str, Mapping]:
+    return {m["name"]: m for m in ((record.get("measurements") or {}).get("structures") or [])}
+
+def _close(v: float, t: float, rel_tol: float) -> bool: return abs(v - t) <= rel_tol * abs(t)
+
+def check_claim(record: Mapping, claim: Mapping, rel_tol: float = CLAIM_REL_TOL) -> bool | None:
+    "Whether one `extract_claims` claim agrees with the record's measurements (None: cannot be checked)."
+    ms = _measured(record)
+    named = [n for n in claim.get("structures") or [] if n in ms]
+    subject = (record.get("spec") or {}).get("a")
+    kind, v = claim["kind"], claim["value"]
+    if kind == "volume":
+        pool = named or ([subject] if subject in ms and not claim.get("structures") else [])
+        return any(_close(v, float(ms[n]["volume_ml"]), rel_tol) for n in pool) if pool else None
+    if kind == "size":
+        pool = named or ([subject] if subject in ms and not claim.get("structures") else [])
+        return any(_close(v, float(e), rel_tol) for n in pool for e in ms[n].get("extent_mm") or []) if pool else None
+    if kind == "distance":
+        if len(named) >= 2:
+            d = float(np.linalg.norm(np.subtract(ms[named[0]]["bbox_center_mm"], ms[named[1]]["bbox_center_mm"])))
+            return _close(v, d, rel_tol)
+        d = ((record.get("measurements") or {}).get("derived") or {}).get("distance_mm")
+        return _close(v, float(d), rel_tol) if isinstance(d, (int, float)) else None
+    if kind == "direction" and len(named) >= 2 and v in DIRECTIONS:
+        axis, sign = DIRECTIONS[v]
+        off = sign * (float(ms[named[0]]["centroid_mm"][axis]) - float(ms[named[1]]["centroid_mm"][axis]))
+        return True if off > DIRECTION_MARGIN_MM else False if off < -DIRECTION_MARGIN_MM else None
+    return None
+
+def reasoning_verdict(record: Mapping, raw: str | None, rel_tol: float = CLAIM_REL_TOL) -> dict:
+    "The claims of `raw`'s reasoning, how many were checked and wrong, and `reasoning_correct` (None: nothing checked)."
+    claims = extract_claims(raw)
+    checks = [check_claim(record, c, rel_tol) for c in claims]
+    done = [c for c in checks if c is not None]
+    return {"claims": len(claims), "checked": len(done), "wrong": sum(not c for c in done),
+            "reasoning_correct": (all(done) if done else None),
+            "claim_text": " | ".join(f"{c['kind']}={c['value']}{'' if c['unit'] is None else ' ' + c['unit']}:{'?' if k is None else 'ok' if k else 'WRONG'}"
+                                     for c, k in zip(claims, checks))}
+
+def reasoning_verdicts(records: Sequence[Mapping], scored: pd.DataFrame, rel_tol: float = CLAIM_REL_TOL) -> pd.DataFrame:
+    "`reasoning_verdict` of every scored answer (its `raw` reply), one row per qid."
+    by = {str(r["qid"]): r for r in records}
+    rows = [{"qid": q, **reasoning_verdict(by[q], raw, rel_tol)} for q, raw in zip(scored["qid"], scored["raw"]) if q in by]
+    return pd.DataFrame(rows, columns=["qid", "claims", "checked", "wrong", "reasoning_correct", "claim_text"])
+
+def faithfulness_shares(df: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
+    """Per group (or in all): answers read (`n`), the share whose reasoning could not be checked (`unverifiable`), and
+    among the checked ones (`n_checked`) the share of each of the paper's four outcomes."""
+    d = df[df["correct"].map(lambda c: c is True or c is False or c is np.True_ or c is np.False_)]
+    groups = [("all", d)] if by is None else list(d.groupby(by, sort=True))
+    rows = []
+    for key, g in groups:
+        f = g["faithfulness"].dropna()
+        row = {"group": key, "n": len(g), "unverifiable": round(1 - len(f) / len(g), 4) if len(g) else None, "n_checked": len(f)}
+        row.update({o: round(float((f == o).mean()), 4) if len(f) else None for o in FAITHFULNESS.values()})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["group", "n", "unverifiable", "n_checked", *FAITHFULNESS.values()]).set_index("group")
+
+# %% ../nbs/43_scoring.ipynb #9438e3d6
+FAITHFULNESS_SHEET_COLUMNS = ["qid", "model", "task", "question", "options", "truth", "pred", "correct", "raw", "claim_text",
+                              "reasoning_correct", "faithfulness", "reader_outcome", "notes"]
+
+def faithfulness_sheet(df: pd.DataFrame, n: int = 50, seed: int = 0) -> pd.DataFrame:
+    "Up to `n` answered outputs per task (seeded sample) with claims and automatic outcome; blank `reader_outcome`, `notes`."
+    read = df[df["correct"].map(lambda c: c is True or c is False or c is np.True_ or c is np.False_)].sort_values("qid")
+    rng, parts = np.random.default_rng(seed), []
+    for _, g in read.groupby("task", sort=True):
+        parts.append(g.iloc[np.sort(rng.choice(len(g), size=min(n, len(g)), replace=False))])
+    out = pd.concat(parts) if parts else read.iloc[:0]
+    out = out.assign(options=out["options"].map(_fmt_options) if "options" in out else "", reader_outcome="", notes="")
+    return out.reindex(columns=FAITHFULNESS_SHEET_COLUMNS).reset_index(drop=True)
+
+# %% ../nbs/43_scoring.ipynb #49089f90
+PARA_SUFFIX = "~para"
+
+def paraphrase_consistency(scored: pd.DataFrame | Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    "Per model: pairs (template, rephrasing) both answered, accuracy on each, and the share with the same correctness."
+    frames = scored if isinstance(scored, Mapping) else dict(iter(scored.groupby("model"))) if "model" in scored else {"model": scored}
+    rows = []
+    for name, df in frames.items():
+        c = dict(zip(df["qid"], df["correct"]))
+        ok = lambda x: x is True or x is False or x is np.True_ or x is np.False_
+        pairs = [(c[q.removesuffix(PARA_SUFFIX)], c[q]) for q in df["qid"] if q.endswith(PARA_SUFFIX)
+                 and ok(c.get(q)) and ok(c.get(q.removesuffix(PARA_SUFFIX)))]
+        n = len(pairs)
+        rows.append({"model": name, "pairs": n,
+                     "acc_template": round(float(np.mean([bool(a) for a, _ in pairs])), 4) if n else None,
+                     "acc_paraphrase": round(float(np.mean([bool(b) for _, b in pairs])), 4) if n else None,
+                     "consistency": round(float(np.mean([bool(a) == bool(b) for a, b in pairs])), 4) if n else None})
+    return pd.DataFrame(rows, columns=["model", "pairs", "acc_template", "acc_paraphrase", "consistency"]).set_index("model")
