@@ -369,6 +369,11 @@ def _named(record: Mapping) -> list[str]:
     out = list(record["structures"]) + [spec[k] for k in ("a", "b", "ref") if isinstance(spec.get(k), str)]
     return list(dict.fromkeys(out))
 
+def _same(a: Structure, b: Structure) -> bool:
+    "The same measurement: voxels, centroid and box."
+    return a.voxels == b.voxels and np.allclose([*a.centroid, *a.bbox_min, *a.bbox_max], [*b.centroid, *b.bbox_min, *b.bbox_max],
+                                                rtol=0, atol=1e-6)
+
 def _num(x) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
@@ -382,10 +387,11 @@ def flipped(original: Mapping, counter: Mapping) -> bool:
 
 def counterfactual_record(record: Mapping, context: ScanContext, kind: str, source: str | None = None,
                           image: str | None = None, labels: str | None = None,
-                          unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None
-                          ) -> tuple[dict | None, str | None]:
+                          unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None,
+                          original: Mapping[str, Structure] | None = None) -> tuple[dict | None, str | None]:
     """`record` asked on a copy whose measured structures are in `context` (a `spatialvqa.questions.ScanContext`):
-    `(counterfactual record, None)`, or `(None, why it cannot be paired)`."""
+    `(counterfactual record, None)`, or `(None, why it cannot be paired)`. `original`: the original scan's structures;
+    a question about structures the copy leaves exactly as they were is not paired (its twin would only repeat it)."""
     named = _named(record)
     bad = [n for n in named if n in set(unpaired_sided)]
     if bad: return None, f"names {bad[0]}, a sided structure without mirror counterpart"
@@ -393,6 +399,8 @@ def counterfactual_record(record: Mapping, context: ScanContext, kind: str, sour
     if missing: return None, f"{missing[0]} is absent from the copy"
     excluded = [n for n in named if n in context.excluded]
     if excluded: return None, f"{excluded[0]} is not askable on the copy: {context.excluded[excluded[0]]}"
+    if original is not None and all(n in original and _same(original[n], context.structs[n]) for n in named):
+        return None, "the copy leaves every structure it asks about unchanged"
     for tum, host in (record.get("hosts") or {}).items():
         now = host_of(context.structs[tum], context.structs) if tum in context.structs else None
         if now != host: return None, f"the question names {tum} by its host {host}, which it is no longer in ({now})"
@@ -438,7 +446,9 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
                    originals: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS) -> tuple[list[dict], pd.DataFrame]:
     """The counterfactual record of every question of `records` on every copy of its scan measured in
     `structures`/`scans` (the measure stage's tables of the counterfactual manifest), and a table of the
-    questions that could not be paired (`qid`, `copy`, `kind`, `reason`). Records sorted by qid."""
+    questions that could not be paired (`qid`, `copy`, `kind`, `reason`). Records sorted by qid. With `originals`
+    (the originals' structures table), a question whose structures the copy leaves unchanged (a resize far from
+    them) is not paired."""
     contexts = contexts_from_tables(structures, scans, min_voxels)
     others = None
     if originals is not None:
@@ -453,7 +463,7 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
         unpaired = [x for x in str(_col(s, "unpaired_sided", "")).split(",") if x]
         for r in by_scan.get(str(orig), []):
             cf, why = counterfactual_record(r, contexts[sid], kind, _col(s, "source"), _col(s, "image"), _col(s, "labels"),
-                                            unpaired, others)
+                                            unpaired, others, None if others is None else others.get(str(orig)))
             if cf is None: dropped.append({"qid": r["qid"], "copy": sid, "kind": kind, "task": r["task"], "reason": why})
             else: out.append(cf)
     get_logger(__name__).info("%d counterfactual questions (%d flipped), %d not paired", len(out),

@@ -156,11 +156,12 @@ class _CrossFit(BaseAdapter):
         rot = [r for r in recs if r.get("rotation")]     # rotated copies (circular evaluation): answered, never learned from
         if rot:
             from spatialvqa.stats import group_folds
-            fold = group_folds([r["scan_id"] for r in base], self.config["folds"], self.config["seed"])
+            from spatialvqa.counterfactual import scan_family      # the folds of `cross_fit`: a copy with its original
+            fold = group_folds([scan_family(r) for r in base], self.config["folds"], self.config["seed"])
             for k in range(self.config["folds"]):
-                test_ = [r for r in rot if fold.get(r["scan_id"]) == k]
+                test_ = [r for r in rot if fold.get(scan_family(r)) == k]
                 if test_:
-                    fitted = a[0].fit([r for r in base if fold[r["scan_id"]] != k])
+                    fitted = a[0].fit([r for r in base if fold[scan_family(r)] != k])
                     self._preds.update(zip([r["qid"] for r in test_], fitted.predict(test_)))
 
     def answer(self, inp: ModelInput) -> str:

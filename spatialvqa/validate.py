@@ -24,6 +24,7 @@ import pandas as pd
 from .anatomy import REFERENCE, reference_range, typical_volume
 from .core import atomic_write, dumps, get_logger, stable_hash
 from .stats import cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
+from .counterfactual import pair_key, scan_family
 from .measure import Structure
 from .prompt import build_prompt
 from .parse import parse_answer
@@ -37,9 +38,9 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'AtlasAnswerer',
            'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
            'make_answerers', 'cross_fit', 'vote', 'trivial', 'chance_subsample', 'is_real', 'balance_letters',
-           'Validation', 'filter_report', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet',
-           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
-           'report_markdown', 'write_validation', 'add_cli']
+           'Validation', 'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
+           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -367,7 +368,8 @@ class TextAnswerer:
 class AtlasAnswerer:
     """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
     With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
-    OTHER scans (never the question's own): the strongest atlas a set of scans allows, and no folds to pick."""
+    OTHER scans (never the question's own, nor any of its family: a counterfactual copy and its original,
+    `scan_family`): the strongest atlas a set of scans allows, and no folds to pick."""
     name = "atlas"
     needs_fit = True
 
@@ -386,7 +388,7 @@ class AtlasAnswerer:
     def _median(self, exclude) -> dict[str, Structure]:
         out = {}
         for n, by_scan in self._per.items():
-            ms = [m for s, m in by_scan.items() if s not in exclude]
+            ms = [m for s, m in by_scan.items() if scan_family(s) not in exclude]
             if not ms: continue
             med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
             c, e = med("bbox_center_mm"), med("extent_mm")
@@ -398,7 +400,7 @@ class AtlasAnswerer:
     def _evaluate(self, r: dict) -> dict | None:
         atlas = self.atlas
         if getattr(self, "loso", False):
-            key = tuple(sorted(set(r["scan_ids"])))
+            key = tuple(sorted({scan_family(s) for s in r["scan_ids"]}))
             if key not in self._cache: self._cache[key] = self._median(set(key))
             atlas = self._cache[key]
         try: return evaluate(r, [atlas] * len(r["scan_ids"]))
@@ -578,11 +580,12 @@ def _answer(a, records: Sequence[dict]) -> list[dict]:
 
 def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed: int = 0) -> dict[str, dict[str, dict]]:
     """Per qid and answerer, the blind answer `{"pred": letter or number, "proba": option probabilities or None}`,
-    from answerers trained on the scans of the other folds (`stats.cross_fit` by `scan_id`; answerers with `needs_fit`
-    False answer everything at once)."""
+    from answerers trained on the scans of the other folds (`stats.cross_fit` by scan family, `scan_family`: a
+    counterfactual copy goes with its original, so no answerer learns a twin's answer from the other member of its
+    pair; answerers with `needs_fit` False answer everything at once)."""
     out: dict[str, dict] = {r["qid"]: {} for r in records}
     for a in answerers:
-        if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), "scan_id", folds, seed)
+        if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), scan_family, folds, seed)
         else: got = _answer(a.fit(records) if getattr(a, "loso", False) else a, records)
         for r, e in zip(records, got): out[r["qid"]][a.name] = e
     return out
@@ -609,71 +612,126 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
 CHANCE_TOL = 0.03    # `chance`: every filter answerer's accuracy per task ends within chance +- this
 CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
 
+def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]:
+    "(group id per record, distinct ids in order of first appearance); `groups`: ids, a function of a record, or None (each its own)."
+    if groups is None: gid = [str(r["qid"]) for r in records]
+    elif callable(groups): gid = [str(groups(r)) for r in records]
+    else: gid = [str(g) for g in groups]
+    if len(gid) != len(records): raise ValueError(f"{len(gid)} group ids for {len(records)} records")
+    return gid, list(dict.fromkeys(gid))
+
 def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
-                     tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0) -> list[bool]:
+                     tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0,
+                     groups: Sequence[str] | Callable[[dict], str] | None = None) -> list[bool]:
     """Which multiple-choice `records` (one task) to keep so that every answerer in `names` is right on about 1/k of
     them (within `tol` of chance, neither above nor below): questions are dropped one at a time, each time the one
-    whose removal brings the answerers' accuracies closest to chance (`protect`ed ones, e.g. real scans, last;
-    ties by a seeded order). Removing what the blind answerers get right *and* what they get wrong, the kept set is
-    neither easy nor adversarial for them."""
+    whose removal brings the answerers' accuracies closest to chance (`protect`ed ones, e.g. real scans, last among
+    equally good ones; ties by a seeded order). Removing what the blind answerers get right *and* what they get wrong, the kept set is
+    neither easy nor adversarial for them. `groups` (ids per record or a function, e.g.
+    `spatialvqa.counterfactual.pair_key`: a question and its counterfactual twins) are kept or dropped as a whole."""
     n = len(records)
     if n == 0 or not names: return [True] * n
     chance = np.array([1.0 / len(r["options"]) for r in records]).mean()
     R = np.array([[float(is_right(r, (preds.get(r["qid"], {}).get(a) or {}).get("pred"))) for a in names] for r in records])
-    keep = np.ones(n, bool)
-    penalty = np.array([1e-6 if protect and protect(r) else 0.0 for r in records])
-    jitter = np.random.default_rng(seed).uniform(0, 1e-9, n)
+    gid, keys = _group_index(records, groups)
+    at = {g: i for i, g in enumerate(keys)}
+    M = np.zeros((len(keys), n))
+    M[[at[g] for g in gid], np.arange(n)] = 1.0
+    G, size = M @ R, M.sum(1)                                # right answers and members per group
+    prot = M @ np.array([float(bool(protect and protect(r))) for r in records]) > 0
+    penalty = np.where(prot, 1e-6, 0.0)
+    jitter = np.random.default_rng(seed).uniform(0, 1e-9, len(keys))
+    keep = np.ones(len(keys), bool)
     cost = lambda acc: float(np.clip(np.abs(acc - chance) - tol, 0, None).sum())
-    while keep.sum() > 4:
-        k, S = keep.sum(), R[keep].sum(0)
+    while size[keep].sum() > 4:
+        k, S = size[keep].sum(), G[keep].sum(0)
         now = cost(S / k)
         if now == 0: break
-        new = np.clip(np.abs((S[None, :] - R) / (k - 1) - chance) - tol, 0, None).sum(1) + penalty + jitter
-        new[~keep] = np.inf
+        rest = k - size
+        with np.errstate(divide="ignore", invalid="ignore"):
+            new = np.clip(np.abs((S[None, :] - G) / rest[:, None] - chance) - tol, 0, None).sum(1) + penalty + jitter
+        new[~keep | (rest < 1)] = np.inf
         i = int(np.argmin(new))
         if new[i] >= now: break
         keep[i] = False
-    return keep.tolist()
+    return [bool(keep[at[g]]) for g in gid]
 
 def is_real(record: Mapping) -> bool:
     "True for a question about a real scan: a source that is neither the phantoms nor a counterfactual copy (`<name>+<kind>`)."
     src = str(record.get("source") or "phantom")
     return all(s != "phantom" and "+" not in s for s in src.split(","))
 
-def _swap_letters(r: dict, target: int) -> dict:
-    "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
+def _swap_positions(r: dict, i: int, j: int) -> dict:
+    "A copy of multiple-choice `r` with the options at positions `i` and `j` swapped (answer letter and blind letters follow)."
     r = copy.deepcopy(r)
-    i = LETTERS.index(r["answer_letter"])
-    if i == target: return r
+    if i == j: return r
     perm = list(range(len(r["options"])))
-    perm[i], perm[target] = perm[target], perm[i]
-    r["options"] = [r["options"][j] for j in perm]
-    if r.get("option_values"): r["option_values"] = [r["option_values"][j] for j in perm]
+    perm[i], perm[j] = perm[j], perm[i]
+    r["options"] = [r["options"][k] for k in perm]
+    if r.get("option_values"): r["option_values"] = [r["option_values"][k] for k in perm]
     if isinstance(r.get("spec"), dict) and len(r["spec"].get("options") or []) == len(perm):
-        r["spec"]["options"] = [r["spec"]["options"][j] for j in perm]
-    r["answer"] = r["answer_letter"] = LETTERS[target]
-    swap = {LETTERS[i]: LETTERS[target], LETTERS[target]: LETTERS[i]}
+        r["spec"]["options"] = [r["spec"]["options"][k] for k in perm]
+    swap = {LETTERS[i]: LETTERS[j], LETTERS[j]: LETTERS[i]}
+    r["answer"] = r["answer_letter"] = swap.get(r["answer_letter"], r["answer_letter"])
     if isinstance(r.get("blind"), dict):
         r["blind"] = {a: swap.get(p, p) if isinstance(p, str) else p for a, p in r["blind"].items()}
     return r
 
-def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None
-                    ) -> tuple[list[dict], list[dict]]:
+def _swap_letters(r: dict, target: int) -> dict:
+    "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
+    return _swap_positions(r, LETTERS.index(r["answer_letter"]), target)
+
+def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None,
+                    groups: Sequence[str] | Callable[[dict], str] | None = None) -> tuple[list[dict], list[dict]]:
     """Exactly balanced correct letters per multiple-choice task: the task's count is cut to a multiple of four
     (the surplus dropped, un`protect`ed ones first, by a seeded order), then each question's correct option is
-    swapped to its letter of a seeded, exactly balanced sequence. Returns (kept, dropped); numeric questions pass."""
+    swapped to its letter of a seeded, exactly balanced sequence. Returns (kept, dropped); numeric questions pass.
+    `groups` (e.g. `pair_key`): a question and its twins share their options, so each group gets one swap (the
+    original's correct option to a letter chosen so that the twins' letters fit the balance too; groups are dropped
+    as a whole); single questions then fill every letter up to exactly a quarter."""
     out, dropped = [], []
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         (by_task[r["task"]] if r["format"] == "mc" else out).append(r)
     for task, rs in by_task.items():
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stable_hash(task), 16)]))
-        order = sorted(range(len(rs)), key=lambda j: (bool(protect and protect(rs[j])), rng.random()))
-        surplus = set(order[:len(rs) % len(LETTERS)])
-        dropped += [rs[j] for j in sorted(surplus)]
-        keep = [r for j, r in enumerate(rs) if j not in surplus]
-        targets = rng.permutation(np.arange(len(keep)) % len(LETTERS))
-        out += [_swap_letters(r, int(t)) for r, t in zip(keep, targets)]
+        gid, keys = _group_index(rs, groups)
+        members = defaultdict(list)
+        for j, g in enumerate(gid): members[g].append(j)
+        prot = {g: bool(protect and any(protect(rs[j]) for j in members[g])) for g in keys}
+        order = sorted(keys, key=lambda g: (prot[g], rng.random()))
+        need, surplus = len(rs) % len(LETTERS), set()
+        while need > 0:                                      # whole groups, as few and as unprotected as possible
+            g = next((g for g in order if g not in surplus and len(members[g]) <= need), None)
+            if g is None:
+                if need >= len(rs) - sum(len(members[x]) for x in surplus): surplus |= set(keys); break
+                need += len(LETTERS); continue
+            surplus.add(g); need -= len(members[g])
+        dropped += [rs[j] for g in keys if g in surplus for j in members[g]]
+        live = [g for g in keys if g not in surplus]
+        target = sum(len(members[g]) for g in live) // len(LETTERS)
+        count, swap = np.zeros(len(LETTERS), int), {}
+        multi = sorted((g for g in live if len(members[g]) > 1), key=lambda g: (-len(members[g]), rng.random()))
+        for g in multi:
+            js = members[g]
+            o = LETTERS.index(rs[next((j for j in js if not rs[j].get("pair_of")), js[0])]["answer_letter"])
+            idx = [LETTERS.index(rs[j]["answer_letter"]) for j in js]
+            best = None
+            for t in rng.permutation(len(LETTERS)):
+                c = count.copy()
+                for i in idx: c[t if i == o else o if i == t else i] += 1
+                score = (int(np.clip(c - target, 0, None).sum()), int(c.max()))
+                if best is None or score < best[0]: best = (score, int(t), c)
+            swap[g], count = (o, best[1]), best[2]
+        singles = [g for g in live if len(members[g]) == 1]
+        room = np.clip(target - count, 0, None)
+        letters = np.repeat(np.arange(len(LETTERS)), room)
+        if len(letters) != len(singles):
+            get_logger(__name__).warning("%s: letters cannot be balanced exactly (%d single questions for %d places)",
+                                         task, len(singles), len(letters))
+            letters = np.resize(np.concatenate([letters, np.arange(len(singles)) % len(LETTERS)]), len(singles))
+        for g, t in zip(singles, rng.permutation(letters)): swap[g] = (LETTERS.index(rs[members[g][0]]["answer_letter"]), int(t))
+        out += [_swap_positions(rs[j], *swap[g]) for g in live for j in members[g]]
     return out, dropped
 
 FILTERS = ("plausibility", "dedup", "triviality", "balance")
@@ -702,6 +760,30 @@ def filter_report(records: Sequence[dict], removed: Sequence[dict]) -> pd.DataFr
     df = pd.concat([df, pd.DataFrame([tot])], ignore_index=True)
     df["kept_share"] = (df["kept"] / df["questions"].where(df["questions"] > 0)).round(3)
     return df.astype({c: int for c in ["questions", *FILTERS, "kept"]})
+
+# %% ../nbs/24_validate.ipynb #12f6b780
+def _with_pairs(kept: Sequence[dict], removed: Sequence[dict], by: str) -> tuple[list[dict], list[dict]]:
+    "`kept` without the members of every pair group (`pair_key`) that lost one in `removed`, which `by` removes too."
+    gone = {}
+    for r in removed: gone.setdefault(pair_key(r), r)
+    out, more = [], []
+    for r in kept:
+        g = gone.get(pair_key(r))
+        if g is None: out.append(r)
+        else: more.append(_removed(r, by, f"removed with its pair {g['qid']}: {g['reason']}"))
+    return out, list(removed) + more
+
+def pair_summary(kept: Sequence[dict], records: Sequence[dict] = ()) -> dict:
+    """Counterfactual twins (records with `pair_of`) among `records` (before filtering) and `kept`: per task, the twins,
+    those whose answer flips and the originals they belong to; overall the same and the share of twins that flip."""
+    def count(rs):
+        tw = [r for r in rs if r.get("pair_of")]
+        by = {t: {"twins": sum(r["task"] == t for r in tw), "flipped": sum(bool(r.get("flipped")) for r in tw if r["task"] == t),
+                  "originals": len({r["pair_of"] for r in tw if r["task"] == t})} for t in TASKS}
+        fl = sum(bool(r.get("flipped")) for r in tw)
+        return {"twins": len(tw), "flipped": fl, "flip_share": round(fl / len(tw), 4) if tw else None,
+                "originals": len({r["pair_of"] for r in tw}), "by_task": by}
+    return {"before": count(records), "kept": count(kept)}
 
 # %% ../nbs/24_validate.ipynb #e34a1240
 def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = REL_TOL,
@@ -755,7 +837,8 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
     answerer is right at chance, `chance_subsample`, `protect`ed ones last), then, with `balance`, the correct letters
     are balanced exactly per task (`balance_letters`). `audit`: answerers re-trained within the kept and within the removed questions, on a
-    fresh scan split, to report what shortcuts remain (None: no audit). Returns a `Validation`."""
+    fresh scan split, to report what shortcuts remain (None: no audit). A question and its counterfactual twins
+    (`pair_key`) are kept or removed together by every filter, and share their letter swap. Returns a `Validation`."""
     log = get_logger(__name__)
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     records = list(records)
@@ -764,10 +847,10 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     removed: list[dict] = []
     pool = records
     if plausible:
-        pool, rm = plausibility(pool, structures, scans, min_voxels, ranges, border, max_components)
+        pool, rm = _with_pairs(*plausibility(pool, structures, scans, min_voxels, ranges, border, max_components), "plausibility")
         removed += rm
     if dedup_threshold is not None:
-        pool, rm = dedup(pool, dedup_threshold)
+        pool, rm = _with_pairs(*dedup(pool, dedup_threshold), "dedup")
         removed += rm
     ans = make_answerers(answerers, llm, seed)
     preds = cross_fit(pool, ans, folds, seed) if ans and pool else {r["qid"]: {} for r in pool}
@@ -783,23 +866,31 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
             dropped = 0
             for t in MC_TASKS:
                 rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
-                for r, k in zip(rs, chance_subsample(rs, now, names, protect=protect, seed=seed)):
+                for r, k in zip(rs, chance_subsample(rs, now, names, protect=protect, seed=seed, groups=pair_key)):
                     if not k:
                         drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
                         dropped += 1
             live = [r for r in live if r["qid"] not in drop_mc]
             if not dropped: break
+    decided = {}
+    for r in pool:
+        if rule == "chance" and r["format"] == "mc": decided[r["qid"]] = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
+        else: decided[r["qid"]] = trivial(r, preds[r["qid"]], rule, rel_tol)
+    lost = {}                                                    # a pair goes as a whole: the first member dropped
+    for r in pool:
+        if decided[r["qid"]][0]: lost.setdefault(pair_key(r), r["qid"])
     for r in pool:
         e = preds[r["qid"]]
-        if rule == "chance" and r["format"] == "mc": drop, why = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
-        else: drop, why = trivial(r, e, rule, rel_tol)
+        drop, why = decided[r["qid"]]
+        if not drop and pair_key(r) in lost:
+            drop, why = True, f"removed with its pair {lost[pair_key(r)]}: {decided[lost[pair_key(r)]][1]}"
         extra = {"blind": {a: x["pred"] for a, x in e.items()},
                  "blind_vote": {a: round(vote(r, x, rel_tol), 4) for a, x in e.items() if x["pred"] is not None},
                  "blind_right": sum(is_right(r, x["pred"], rel_tol) for x in e.values())}
         if drop: removed.append(_removed(r, "triviality", why, **extra))
         else: kept.append({**r, **extra})
     if balance:
-        kept, surplus = balance_letters(kept, seed, protect)
+        kept, surplus = balance_letters(kept, seed, protect, groups=pair_key)
         removed += [_removed(r, "balance", "surplus over a multiple of four in its task (exact letter balance)") for r in surplus]
         pos = {r["qid"]: i for i, r in enumerate(pool)}
         kept.sort(key=lambda r: pos[r["qid"]])
@@ -821,6 +912,7 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
                   "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
                   "before_by_task": blind_by_task(pool, preds, rel_tol) if ans else {},
                   "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {}},
+        "pairs": pair_summary(kept, records),
     }
     if audit:
         # a fresh split (seed + 1): with the filter's own split, the audit's answerers would be near copies of the
