@@ -161,9 +161,10 @@ def is_right(record: dict, pred, rel_tol: float = REL_TOL) -> bool:
     return math.isfinite(p) and abs(p - t) <= rel_tol * abs(t)
 
 def _guess(record: dict, seed: int, among: Sequence[int] | None = None) -> int:
-    "A deterministic stand-in for a coin: one of `among` (default: all four options), chosen by the qid's hash."
+    """A deterministic stand-in for a coin: one of `among` (default: all four options), chosen by a hash of what a blind
+    answerer sees (the question and its options, not the qid): a question and its counterfactual twin get the same."""
     among = list(range(len(record.get("options") or LETTERS))) if among is None else list(among)
-    return among[int(stable_hash([int(seed), record["qid"]]), 16) % len(among)]
+    return among[int(stable_hash([int(seed), record.get("question"), list(record.get("options") or [])]), 16) % len(among)]
 
 # %% ../nbs/24_validate.ipynb #9f601ae0
 _ROLES = ("a", "b", "ref")
@@ -400,10 +401,10 @@ class AtlasAnswerer:
     def _evaluate(self, r: dict) -> dict | None:
         atlas = self.atlas
         if getattr(self, "loso", False):
-            key = tuple(sorted({scan_family(s) for s in r["scan_ids"]}))
+            key = tuple(sorted({scan_family(s) for s in r.get("scan_ids") or [r["scan_id"]]}))
             if key not in self._cache: self._cache[key] = self._median(set(key))
             atlas = self._cache[key]
-        try: return evaluate(r, [atlas] * len(r["scan_ids"]))
+        try: return evaluate(r, [atlas] * len(r.get("scan_ids") or [r["scan_id"]]))
         except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
 
     def proba(self, r: dict) -> list[float] | None:
