@@ -33,14 +33,15 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
 
 # %% auto #0
 __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL',
-           'CHANCE_ROUNDS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
-           'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
-           'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'AtlasAnswerer',
-           'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
-           'make_answerers', 'cross_fit', 'vote', 'trivial', 'chance_subsample', 'is_real', 'balance_letters',
-           'Validation', 'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
-           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
-           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
+           'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
+           'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
+           'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
+           'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer',
+           'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers',
+           'chance_subsample', 'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary',
+           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
+           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
+           'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -609,9 +610,41 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
     k = sum(is_right(record, e["pred"], rel_tol) for e in answered)
     return RULES[rule](k, len(answered)), f"{k} of {len(answered)} blind answerers right ({rule})"
 
+# %% ../nbs/24_validate.ipynb #2f73198a
+def expected_right(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> float:
+    """How often a blind answer `entry` (`pred`, `proba`) is right when its ties are broken by a fair coin: with option
+    probabilities, 1/m when the correct option is among the m most probable ones, else 0; without them, 1 or 0."""
+    if record["format"] == "mc" and entry.get("proba") is not None:
+        p = np.asarray(entry["proba"], float)
+        top = p.max() - p < 1e-12
+        return float(top[LETTERS.index(record["answer_letter"])]) / float(top.sum())
+    return float(is_right(record, entry.get("pred"), rel_tol))
+
+def blind_answers(records: Sequence[dict], answerers: Sequence, folds: int = 2, seeds: Sequence[int] = (0,),
+                  rel_tol: float = REL_TOL) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, float]]]:
+    """`(preds, right)`: the `cross_fit` answers on the first scan split of `seeds`, and per qid and answerer the
+    `expected_right` averaged over the cross-fits on every split of `seeds` (answerers that need no fitting, the
+    leave-one-out atlas among them, answer once): how often the answerer is right on the question, whatever the split
+    and the coin. A filter that keeps questions by these numbers cannot keep the ones that one split or one coin got
+    wrong by accident."""
+    seeds = list(seeds) or [0]
+    preds = cross_fit(records, answerers, folds, seeds[0])
+    right = {r["qid"]: {a: expected_right(r, e, rel_tol) for a, e in preds[r["qid"]].items()} for r in records}
+    learned = [a for a in answerers if getattr(a, "needs_fit", True)]
+    for s in seeds[1:]:
+        if not learned: break
+        more = cross_fit(records, learned, folds, s)
+        for r in records:
+            for a, e in more[r["qid"]].items(): right[r["qid"]][a] += expected_right(r, e, rel_tol)
+    for r in records:
+        for a in learned: right[r["qid"]][a.name] /= len(seeds)
+    return preds, right
+
 # %% ../nbs/24_validate.ipynb #43dead52
-CHANCE_TOL = 0.03    # `chance`: every filter answerer's accuracy per task ends within chance +- this
+CHANCE_TOL = 0.015   # `chance`: every filter answerer's accuracy per task ends within chance +- this
 CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
+CHANCE_SPLITS = 4    # ... each learned answerer cross-fitted on this many scan splits, its right answers averaged
+PROTECT_WEIGHT = 2.0 # ... the largest kept set counting a question about a protected (real) scan this many times
 
 def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]:
     "(group id per record, distinct ids in order of first appearance); `groups`: ids, a function of a record, or None (each its own)."
@@ -621,25 +654,48 @@ def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]
     if len(gid) != len(records): raise ValueError(f"{len(gid)} group ids for {len(records)} records")
     return gid, list(dict.fromkeys(gid))
 
+def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray) -> np.ndarray | None:
+    """The largest (by `weight` x `size`) set of groups whose every answerer's accuracy, sum(G[kept]) / sum(size[kept]),
+    lies within `tol` of `chance`: a 0/1 linear program (scipy's HiGHS); None when the solver finds nothing."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    up = G - (chance + tol) * size[:, None]                  # sum over kept groups <= 0: at most chance + tol
+    lo = (chance - tol) * size[:, None] - G                  # ... and at least chance - tol
+    res = milp(c=-(weight * size), constraints=LinearConstraint(np.hstack([up, lo]).T, -np.inf, 1e-9),
+               integrality=np.ones(len(size)), bounds=Bounds(0, 1), options={"time_limit": 120, "mip_rel_gap": 1e-4})
+    return None if res.x is None else res.x > 0.5
+
 def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
                      tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0,
-                     groups: Sequence[str] | Callable[[dict], str] | None = None) -> list[bool]:
+                     groups: Sequence[str] | Callable[[dict], str] | None = None,
+                     right: Mapping[str, Mapping[str, float]] | None = None, method: str = "ilp",
+                     protect_weight: float = PROTECT_WEIGHT) -> list[bool]:
     """Which multiple-choice `records` (one task) to keep so that every answerer in `names` is right on about 1/k of
-    them (within `tol` of chance, neither above nor below): questions are dropped one at a time, each time the one
-    whose removal brings the answerers' accuracies closest to chance (`protect`ed ones, e.g. real scans, last among
-    equally good ones; ties by a seeded order). Removing what the blind answerers get right *and* what they get wrong, the kept set is
-    neither easy nor adversarial for them. `groups` (ids per record or a function, e.g.
+    them (within `tol` of chance, neither above nor below). How often an answerer is right on a question is
+    `right[qid][name]` when given (`blind_answers`: averaged over scan splits and coins), else `expected_right` of its
+    answer in `preds`. `method="ilp"`: the largest such set, questions about `protect`ed scans (real ones) counting
+    `protect_weight` times (`_keep_ilp`); `"greedy"` (and the fallback when the solver fails): questions are dropped one
+    at a time, each time the one whose removal brings the answerers' accuracies closest to chance (protected ones last
+    among equally good ones; ties by a seeded order). Removing what the blind answerers get right *and* what they get
+    wrong, the kept set is neither easy nor adversarial for them. `groups` (ids per record or a function, e.g.
     `spatialvqa.counterfactual.pair_key`: a question and its counterfactual twins) are kept or dropped as a whole."""
+    if method not in ("ilp", "greedy"): raise ValueError(f"method must be 'ilp' or 'greedy', got {method!r}")
     n = len(records)
     if n == 0 or not names: return [True] * n
     chance = np.array([1.0 / len(r["options"]) for r in records]).mean()
-    R = np.array([[float(is_right(r, (preds.get(r["qid"], {}).get(a) or {}).get("pred"))) for a in names] for r in records])
+    def hit(r, a):
+        if right is not None and a in right.get(r["qid"], {}): return float(right[r["qid"]][a])
+        return expected_right(r, preds.get(r["qid"], {}).get(a) or {"pred": None, "proba": None})
+    R = np.array([[hit(r, a) for a in names] for r in records])
     gid, keys = _group_index(records, groups)
     at = {g: i for i, g in enumerate(keys)}
     M = np.zeros((len(keys), n))
     M[[at[g] for g in gid], np.arange(n)] = 1.0
     G, size = M @ R, M.sum(1)                                # right answers and members per group
     prot = M @ np.array([float(bool(protect and protect(r))) for r in records]) > 0
+    if method == "ilp":
+        keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0))
+        if keep is not None: return [bool(keep[at[g]]) for g in gid]
+        get_logger(__name__).warning("the linear program found no subset; dropping questions one at a time instead")
     penalty = np.where(prot, 1e-6, 0.0)
     jitter = np.random.default_rng(seed).uniform(0, 1e-9, len(keys))
     keep = np.ones(len(keys), bool)
@@ -682,57 +738,67 @@ def _swap_letters(r: dict, target: int) -> dict:
     "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
     return _swap_positions(r, LETTERS.index(r["answer_letter"]), target)
 
+def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.ndarray, seed: int) -> list[int | None] | None:
+    """For each group, which of its option swaps to use (an index into `swaps[g]`, each the letter counts it gives), or
+    None to drop it: every letter the same count, as many questions kept as possible (`weight`: protected groups
+    count more; a seeded jitter picks among equally good choices). A 0/1 linear program; None when it fails."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    idx = [(g, t) for g, opts in enumerate(swaps) for t in range(len(opts))]
+    k = len(swaps[0][0]) if swaps else 0
+    nv = len(idx) + 1                                         # the choices, and the common count of every letter
+    jitter = np.random.default_rng(seed).uniform(0, 1e-3, len(idx))
+    c = np.zeros(nv); c[:-1] = -(np.array([weight[g] * size[g] for g, _ in idx]) + jitter)
+    one = np.zeros((len(swaps), nv))                          # at most one choice per group
+    for j, (g, _) in enumerate(idx): one[g, j] = 1
+    eq = np.zeros((k, nv))                                    # every letter: its count minus the common count = 0
+    for j, (g, t) in enumerate(idx): eq[:, j] = swaps[g][t]
+    eq[:, -1] = -1
+    res = milp(c=c, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0)], integrality=np.ones(nv),
+               bounds=Bounds(0, np.r_[np.ones(len(idx)), np.inf]), options={"time_limit": 120})
+    if res.x is None: return None
+    out: list[int | None] = [None] * len(swaps)
+    for j, (g, t) in enumerate(idx):
+        if res.x[j] > 0.5: out[g] = t
+    return out
+
 def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None,
                     groups: Sequence[str] | Callable[[dict], str] | None = None) -> tuple[list[dict], list[dict]]:
-    """Exactly balanced correct letters per multiple-choice task: the task's count is cut to a multiple of four
-    (the surplus dropped, un`protect`ed ones first, by a seeded order), then each question's correct option is
-    swapped to its letter of a seeded, exactly balanced sequence. Returns (kept, dropped); numeric questions pass.
+    """Exactly balanced correct letters per multiple-choice task: each question's correct option is swapped with the
+    option at another letter (or stays), so that every letter is correct equally often; questions are dropped only as
+    far as needed (as few as possible, un`protect`ed ones first). Returns (kept, dropped); numeric questions pass.
     `groups` (e.g. `pair_key`): a question and its twins share their options, so each group gets one swap (the
-    original's correct option to a letter chosen so that the twins' letters fit the balance too; groups are dropped
-    as a whole); single questions then fill every letter up to exactly a quarter."""
+    original's correct option with the option at some letter, in every member; the twins' letters follow) and is kept
+    or dropped as a whole. The choice of swaps is a small 0/1 linear program (`_balance_ilp`, seeded)."""
     out, dropped = [], []
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         (by_task[r["task"]] if r["format"] == "mc" else out).append(r)
     for task, rs in by_task.items():
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stable_hash(task), 16)]))
+        s = int(np.random.SeedSequence([int(seed), int(stable_hash(task), 16)]).generate_state(1)[0])
         gid, keys = _group_index(rs, groups)
         members = defaultdict(list)
         for j, g in enumerate(gid): members[g].append(j)
-        prot = {g: bool(protect and any(protect(rs[j]) for j in members[g])) for g in keys}
-        order = sorted(keys, key=lambda g: (prot[g], rng.random()))
-        need, surplus = len(rs) % len(LETTERS), set()
-        while need > 0:                                      # whole groups, as few and as unprotected as possible
-            g = next((g for g in order if g not in surplus and len(members[g]) <= need), None)
-            if g is None:
-                if need >= len(rs) - sum(len(members[x]) for x in surplus): surplus |= set(keys); break
-                need += len(LETTERS); continue
-            surplus.add(g); need -= len(members[g])
-        dropped += [rs[j] for g in keys if g in surplus for j in members[g]]
-        live = [g for g in keys if g not in surplus]
-        target = sum(len(members[g]) for g in live) // len(LETTERS)
-        count, swap = np.zeros(len(LETTERS), int), {}
-        multi = sorted((g for g in live if len(members[g]) > 1), key=lambda g: (-len(members[g]), rng.random()))
-        for g in multi:
+        k = len(LETTERS)
+        swaps, pairs_of = [], []
+        for g in keys:
             js = members[g]
             o = LETTERS.index(rs[next((j for j in js if not rs[j].get("pair_of")), js[0])]["answer_letter"])
             idx = [LETTERS.index(rs[j]["answer_letter"]) for j in js]
-            best = None
-            for t in rng.permutation(len(LETTERS)):
-                c = count.copy()
-                for i in idx: c[t if i == o else o if i == t else i] += 1
-                score = (int(np.clip(c - target, 0, None).sum()), int(c.max()))
-                if best is None or score < best[0]: best = (score, int(t), c)
-            swap[g], count = (o, best[1]), best[2]
-        singles = [g for g in live if len(members[g]) == 1]
-        room = np.clip(target - count, 0, None)
-        letters = np.repeat(np.arange(len(LETTERS)), room)
-        if len(letters) != len(singles):
-            get_logger(__name__).warning("%s: letters cannot be balanced exactly (%d single questions for %d places)",
-                                         task, len(singles), len(letters))
-            letters = np.resize(np.concatenate([letters, np.arange(len(singles)) % len(LETTERS)]), len(singles))
-        for g, t in zip(singles, rng.permutation(letters)): swap[g] = (LETTERS.index(rs[members[g][0]]["answer_letter"]), int(t))
-        out += [_swap_positions(rs[j], *swap[g]) for g in live for j in members[g]]
+            opts = []
+            for t in range(k):
+                cnt = np.zeros(k)
+                for i in idx: cnt[t if i == o else o if i == t else i] += 1
+                opts.append(cnt)
+            swaps.append(opts); pairs_of.append(o)
+        size = np.array([len(members[g]) for g in keys], float)
+        weight = np.array([PROTECT_WEIGHT if protect and any(protect(rs[j]) for j in members[g]) else 1.0 for g in keys])
+        choice = _balance_ilp(swaps, size, weight, s)
+        if choice is None:
+            get_logger(__name__).warning("%s: the letters could not be balanced; kept as they are", task)
+            choice = [pairs_of[i] for i in range(len(keys))]
+        for g, t, o in zip(keys, choice, pairs_of):
+            if t is None: dropped += [rs[j] for j in members[g]]
+            else: out += [_swap_positions(rs[j], o, t) for j in members[g]]
     return out, dropped
 
 FILTERS = ("plausibility", "dedup", "triviality", "balance")
@@ -820,10 +886,12 @@ def blind_by_task(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapp
 
 def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prior", "text", "atlas"), folds: int = 2,
                 seed: int = 0, rel_tol: float = REL_TOL) -> dict:
-    """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan): do the
-    questions of a set still carry shortcuts that a blind answerer can learn from that set?"""
+    """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan), and the same
+    per task (`by_task`, `blind_by_task`): do the questions of a set still carry shortcuts that a blind answerer can
+    learn from that set?"""
     if not records: return {}
-    return blind_accuracy(records, cross_fit(records, make_answerers(answerers, seed=seed), folds, seed), rel_tol, pooled=False)
+    preds = cross_fit(records, make_answerers(answerers, seed=seed), folds, seed)
+    return {**blind_accuracy(records, preds, rel_tol, pooled=False), "by_task": blind_by_task(records, preds, rel_tol)}
 
 # %% ../nbs/24_validate.ipynb #2273e820
 def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, scans: pd.DataFrame | None = None, *,
@@ -832,13 +900,17 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
              answerers: str | Sequence[str] = ("prior", "text"), llm=None, rule: str = "soft_majority",
              folds: int = 2, seed: int = 0, rel_tol: float = REL_TOL,
              audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
-             protect: Callable[[dict], bool] | None = None) -> Validation:
+             protect: Callable[[dict], bool] | None = None, splits: int = CHANCE_SPLITS, tol: float = CHANCE_TOL,
+             method: str = "ilp") -> Validation:
     """Filter a Track A benchmark: plausibility (`structure_problems`), near-duplicates (`dedup`), then triviality
     (blind `answerers` plus LLMs in `llm`, cross-fitted over `folds` scan folds; a question is removed when its
     votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
-    answerer is right at chance, `chance_subsample`, `protect`ed ones last), then, with `balance`, the correct letters
+    answerer is right at chance within `tol`, `chance_subsample` with `method`, by how often each answerer is right on
+    a question over `splits` scan splits (seeds `seed` ... `seed + splits - 1`) and coins, `blind_answers`; `protect`ed
+    ones kept first), then, with `balance`, the correct letters
     are balanced exactly per task (`balance_letters`). `audit`: answerers re-trained within the kept and within the removed questions, on a
-    fresh scan split, to report what shortcuts remain (None: no audit). A question and its counterfactual twins
+    fresh scan split (seed `seed + splits`, never used to filter; two more fresh seeds on the kept questions in
+    `audit.more_seeds`), to report what shortcuts remain (None: no audit). A question and its counterfactual twins
     (`pair_key`) are kept or removed together by every filter, and share their letter swap. Returns a `Validation`."""
     log = get_logger(__name__)
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
@@ -854,7 +926,8 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         pool, rm = _with_pairs(*dedup(pool, dedup_threshold), "dedup")
         removed += rm
     ans = make_answerers(answerers, llm, seed)
-    preds = cross_fit(pool, ans, folds, seed) if ans and pool else {r["qid"]: {} for r in pool}
+    seeds = [seed + k for k in range(max(1, int(splits)))] if rule == "chance" else [seed]
+    preds, right = blind_answers(pool, ans, folds, seeds, rel_tol) if ans and pool else ({r["qid"]: {} for r in pool}, {})
     kept = []
     drop_mc: dict[str, str] = {}
     if rule == "chance" and ans:
@@ -862,12 +935,14 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         # after each subsample they are fitted again on what is left, until nothing more is dropped
         names, live = [a.name for a in ans], list(pool)
         for rnd in range(CHANCE_ROUNDS):
-            now = cross_fit(live, ans, folds, seed) if rnd else preds
-            preds.update(now)
+            if rnd:
+                now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
+                preds.update(now); right.update(now_right)
             dropped = 0
             for t in MC_TASKS:
                 rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
-                for r, k in zip(rs, chance_subsample(rs, now, names, protect=protect, seed=seed, groups=pair_key)):
+                for r, k in zip(rs, chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key,
+                                                     right=right, method=method)):
                     if not k:
                         drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
                         dropped += 1
@@ -907,20 +982,27 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         "per_task": {row["task"]: {k: row[k] for k in ["questions", *FILTERS, "kept"]} for _, row in report.iterrows()},
         "settings": {"plausible": plausible, "min_voxels": min_voxels, "ranges": ranges, "border": border,
                      "max_components": max_components, "dedup_threshold": dedup_threshold,
-                     "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol},
+                     "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol,
+                     "split_seeds": seeds, "tol": tol, "method": method},
         "blind": {"chance_mc": 0.25,
                   "kept": blind_accuracy(kept, after, rel_tol) if ans else {},
                   "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
                   "before_by_task": blind_by_task(pool, preds, rel_tol) if ans else {},
-                  "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {}},
+                  "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {},
+                  "expected_after_by_task": {t: {a: round(float(np.mean([right[r["qid"]][a] for r in kept if r["task"] == t])), 4)
+                                                 for a in (x.name for x in ans)} for t in MC_TASKS
+                                             if any(r["task"] == t and r["format"] == "mc" for r in kept)} if ans else {}},
         "pairs": pair_summary(kept, records),
     }
     if audit:
-        # a fresh split (seed + 1): with the filter's own split, the audit's answerers would be near copies of the
-        # filter's and wrong on the kept questions by construction
-        summary["audit"] = {"answerers": list(audit.split(",") if isinstance(audit, str) else audit), "seed": seed + 1,
-                            "kept": blind_audit(kept, audit, folds, seed + 1, rel_tol),
-                            "removed": blind_audit(trivial_removed, audit, folds, seed + 1, rel_tol)}
+        # fresh splits (seeds after the filter's): with a filter's own split, the audit's answerers would be near copies
+        # of the filter's and wrong on the kept questions by construction
+        fresh = seeds[-1] + 1
+        summary["audit"] = {"answerers": list(audit.split(",") if isinstance(audit, str) else audit), "seed": fresh,
+                            "kept": blind_audit(kept, audit, folds, fresh, rel_tol),
+                            "removed": blind_audit(trivial_removed, audit, folds, fresh, rel_tol),
+                            "more_seeds": {str(s): {a: v["accuracy"] for a, v in blind_audit(kept, audit, folds, s, rel_tol)
+                                                    .get("mc", {}).items()} for s in (fresh + 1, fresh + 2)}}
     log.info("validated %d questions: kept %d, removed %s", len(records), len(kept), summary["removed_by"])
     return Validation(kept, removed, report, summary)
 

@@ -184,11 +184,33 @@ def test_blind_baselines_cover_chance(bench):
         lo, hi = v["ci95"]
         print(f"{name} (fresh split, kept set): {v['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]")
         assert lo <= CHANCE <= hi, name
+    # per task too (the answer prior alone once scored 38.6 % [30.3, 46.2] on DIST with a split the filter had not used):
+    # within a Bonferroni interval over the 15 task x answerer cells (z = 2.94), not 95 % each, which one in 20 misses
+    for task, d in bench["val"].summary["audit"]["kept"]["by_task"].items():
+        if d["chance"] is None: continue
+        for name, v in d["answerers"].items():
+            assert abs(v["accuracy"] - CHANCE) <= 2.94 * math.sqrt(CHANCE * (1 - CHANCE) / v["n"]), (task, name, v)
+    # and on two more fresh splits: a filter fitted to one split's accidents would leave others above chance
+    for s, accs in bench["val"].summary["audit"]["more_seeds"].items():
+        for name, acc in accs.items():
+            print(f"{name} (fresh split {s}): {acc:.3f}")
+            assert abs(acc - CHANCE) <= 0.06, (s, name, acc)
     # and the filter's own answerers, per task, are at chance within their 95 % interval: neither above nor below
     for task, d in bench["val"].summary["blind"]["after_by_task"].items():
         if d["chance"] is None: continue
         for name, v in d["answerers"].items():
             assert v["ci95"][0] <= CHANCE <= v["ci95"][1], (task, name, v)
+
+
+def test_filter_counts_expected_accuracy(bench):
+    """The filter holds how often each answerer is right over its splits and coins (ties count 1/m) within chance +-
+    tol on every task, not one split's hard answers; the splits it used are never the audit's."""
+    s = bench["val"].summary
+    assert s["audit"]["seed"] not in s["settings"]["split_seeds"] and len(s["settings"]["split_seeds"]) >= 2
+    for task, accs in s["blind"]["expected_after_by_task"].items():
+        n = sum(r["task"] == task for r in bench["kept"])
+        for name, acc in accs.items():
+            assert abs(acc - CHANCE) <= s["settings"]["tol"] + 2 / n, (task, name, acc, n)   # balancing drops a group or two
 
 
 def test_real_share_and_tasks(bench):
