@@ -144,7 +144,7 @@ def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accurac
     fig.tight_layout()
     return fig, acc
 
-def plot_volume_mra(vol: pd.DataFrame, title: str = "Volume estimation: MRA by structure size (95% CI by scan)"):
+def plot_volume_mra(vol: pd.DataFrame, title: str = "Volume estimation: MRA by structure size (95% CI by scan family)"):
     "(figure, data): grouped bars of MRA per volume range and model."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(min(14, 2 + 0.45 * len(vol)), 4.4))
@@ -238,7 +238,7 @@ def plot_parse_failures(parse: pd.DataFrame, title: str = "How answers were read
 
 # %% ../nbs/45_figures.ipynb #a1fb10cf
 def plot_circular(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chance: Mapping[str, float] | None = None,
-                  column: str = "MCA AVG", title: str = "Plain vs. circular accuracy (MCA AVG, 95% CI by scan)"):
+                  column: str = "MCA AVG", title: str = "Plain vs. circular accuracy (MCA AVG, 95% CI by scan family)"):
     "(figure, data): per model, plain and circular accuracy of `column` side by side; chance levels as dashed lines."
     import matplotlib.pyplot as plt
     info = {**DEFAULT_MODEL_INFO, **(info or {})}

@@ -343,7 +343,7 @@ def group_accuracy(scored: pd.DataFrame, by: str, strict: bool = True, tasks: Se
     if fill is not None: d[by] = d[by].fillna(fill)
     rows = []
     for (m, k), g in d.groupby(["model", by], observed=True, sort=True):
-        ci = bootstrap_ci(outcome(g, strict), g["scan_id"].astype(str).to_numpy(), n_boot, seed)
+        ci = bootstrap_ci(outcome(g, strict), cluster_of(g), n_boot, seed)
         rows.append({"model": str(m), by: k, "n": len(g), "estimate": ci["estimate"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"]})
     return pd.DataFrame(rows)
 
@@ -372,7 +372,7 @@ def mra_by_volume(scored: pd.DataFrame, records: Sequence[Mapping], cuts: Sequen
         for k in ("small", "medium", "large", "unknown"):
             g = gm[gm["volume_range"] == k]
             if not len(g): continue
-            ci = bootstrap_ci(outcome(g, strict, "mra"), g["scan_id"].astype(str).to_numpy(), n_boot, seed)
+            ci = bootstrap_ci(outcome(g, strict, "mra"), cluster_of(g), n_boot, seed)
             rows.append(dict(model=str(m), volume_range=names[k], n=len(g), estimate=ci["estimate"], ci_low=ci["ci_low"], ci_high=ci["ci_high"]))
     return pd.DataFrame(rows)
 

@@ -33,7 +33,7 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
 
 # %% auto #0
 __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL',
-           'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
+           'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
            'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
            'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
            'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer',
@@ -645,6 +645,7 @@ CHANCE_TOL = 0.015   # `chance`: every filter answerer's accuracy per task ends 
 CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
 CHANCE_SPLITS = 4    # ... each learned answerer cross-fitted on this many scan splits, its right answers averaged
 PROTECT_WEIGHT = 2.0 # ... the largest kept set counting a question about a protected (real) scan this many times
+FAMILY_CAP = 0.34    # ... and no scan family (a scan with its counterfactual copies) holding more than this share of a task
 
 def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]:
     "(group id per record, distinct ids in order of first appearance); `groups`: ids, a function of a record, or None (each its own)."
@@ -654,13 +655,19 @@ def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]
     if len(gid) != len(records): raise ValueError(f"{len(gid)} group ids for {len(records)} records")
     return gid, list(dict.fromkeys(gid))
 
-def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray) -> np.ndarray | None:
+def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray,
+              family: Sequence[str] | None = None, cap: float | None = None) -> np.ndarray | None:
     """The largest (by `weight` x `size`) set of groups whose every answerer's accuracy, sum(G[kept]) / sum(size[kept]),
-    lies within `tol` of `chance`: a 0/1 linear program (scipy's HiGHS); None when the solver finds nothing."""
+    lies within `tol` of `chance`, no `family` (a scan with its copies) holding more than `cap` of the questions kept:
+    a 0/1 linear program (scipy's HiGHS); None when the solver finds nothing."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     up = G - (chance + tol) * size[:, None]                  # sum over kept groups <= 0: at most chance + tol
     lo = (chance - tol) * size[:, None] - G                  # ... and at least chance - tol
-    res = milp(c=-(weight * size), constraints=LinearConstraint(np.hstack([up, lo]).T, -np.inf, 1e-9),
+    rows = [up, lo]
+    if family is not None and cap is not None and cap < 1:
+        fam = np.asarray(family)
+        rows += [((fam == f).astype(float)[:, None] - cap) * size[:, None] for f in dict.fromkeys(family)]
+    res = milp(c=-(weight * size), constraints=LinearConstraint(np.hstack(rows).T, -np.inf, 1e-9),
                integrality=np.ones(len(size)), bounds=Bounds(0, 1), options={"time_limit": 120, "mip_rel_gap": 1e-4})
     return None if res.x is None else res.x > 0.5
 
@@ -668,12 +675,13 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
                      tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0,
                      groups: Sequence[str] | Callable[[dict], str] | None = None,
                      right: Mapping[str, Mapping[str, float]] | None = None, method: str = "ilp",
-                     protect_weight: float = PROTECT_WEIGHT) -> list[bool]:
+                     protect_weight: float = PROTECT_WEIGHT, family_cap: float | None = FAMILY_CAP) -> list[bool]:
     """Which multiple-choice `records` (one task) to keep so that every answerer in `names` is right on about 1/k of
     them (within `tol` of chance, neither above nor below). How often an answerer is right on a question is
     `right[qid][name]` when given (`blind_answers`: averaged over scan splits and coins), else `expected_right` of its
     answer in `preds`. `method="ilp"`: the largest such set, questions about `protect`ed scans (real ones) counting
-    `protect_weight` times (`_keep_ilp`); `"greedy"` (and the fallback when the solver fails): questions are dropped one
+    `protect_weight` times, no scan family holding more than `family_cap` of it (relaxed to a half, then to no limit,
+    when that leaves fewer than two questions per letter) (`_keep_ilp`); `"greedy"` (and the fallback when the solver fails): questions are dropped one
     at a time, each time the one whose removal brings the answerers' accuracies closest to chance (protected ones last
     among equally good ones; ties by a seeded order). Removing what the blind answerers get right *and* what they get
     wrong, the kept set is neither easy nor adversarial for them. `groups` (ids per record or a function, e.g.
@@ -693,7 +701,14 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
     G, size = M @ R, M.sum(1)                                # right answers and members per group
     prot = M @ np.array([float(bool(protect and protect(r))) for r in records]) > 0
     if method == "ilp":
-        keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0))
+        first = {}
+        for i, g in enumerate(gid): first.setdefault(g, i)
+        fam = [scan_family(records[first[g]]) if records[first[g]].get("scan_id") else g for g in keys]
+        caps = [family_cap] if family_cap is None else list(dict.fromkeys([family_cap, *(c for c in (0.5, None) if c is None or c > family_cap)]))
+        for cap in caps:                 # a cap the task cannot meet with 2 questions per letter is relaxed: a half, then none
+            keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0), fam, cap)
+            if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
+            if cap is not None: get_logger(__name__).info("no kept set with at most %.0f%% of a task per scan family; relaxing", 100 * cap)
         if keep is not None: return [bool(keep[at[g]]) for g in gid]
         get_logger(__name__).warning("the linear program found no subset; dropping questions one at a time instead")
     penalty = np.where(prot, 1e-6, 0.0)
@@ -901,13 +916,13 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
              folds: int = 2, seed: int = 0, rel_tol: float = REL_TOL,
              audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
              protect: Callable[[dict], bool] | None = None, splits: int = CHANCE_SPLITS, tol: float = CHANCE_TOL,
-             method: str = "ilp") -> Validation:
+             method: str = "ilp", family_cap: float | None = FAMILY_CAP, protect_weight: float = PROTECT_WEIGHT) -> Validation:
     """Filter a Track A benchmark: plausibility (`structure_problems`), near-duplicates (`dedup`), then triviality
     (blind `answerers` plus LLMs in `llm`, cross-fitted over `folds` scan folds; a question is removed when its
     votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
     answerer is right at chance within `tol`, `chance_subsample` with `method`, by how often each answerer is right on
     a question over `splits` scan splits (seeds `seed` ... `seed + splits - 1`) and coins, `blind_answers`; `protect`ed
-    ones kept first), then, with `balance`, the correct letters
+    ones counting `protect_weight` times, no scan family more than `family_cap` of a task), then, with `balance`, the correct letters
     are balanced exactly per task (`balance_letters`). `audit`: answerers re-trained within the kept and within the removed questions, on a
     fresh scan split (seed `seed + splits`, never used to filter; two more fresh seeds on the kept questions in
     `audit.more_seeds`), to report what shortcuts remain (None: no audit). A question and its counterfactual twins
@@ -932,8 +947,10 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     drop_mc: dict[str, str] = {}
     if rule == "chance" and ans:
         # rounds: the answerers learn (and the atlas takes its medians) from the questions still in the set, so
-        # after each subsample they are fitted again on what is left, until nothing more is dropped
-        names, live = [a.name for a in ans], list(pool)
+        # after each subsample they are fitted again on what is left, until nothing more is dropped; a later round
+        # that would leave a task fewer than two questions per letter is not applied to it (the task stays as it was:
+        # without that, DIR on the real scans went in the test cohort; the refitted answerers are then reported on it)
+        names, live, settled = [a.name for a in ans], list(pool), set()
         for rnd in range(CHANCE_ROUNDS):
             if rnd:
                 now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
@@ -941,8 +958,12 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
             dropped = 0
             for t in MC_TASKS:
                 rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
-                for r, k in zip(rs, chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key,
-                                                     right=right, method=method)):
+                if t in settled or not rs: continue
+                keep = chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key, right=right,
+                                        method=method, protect_weight=protect_weight, family_cap=family_cap)
+                if rnd and sum(keep) < 2 * len(LETTERS) <= len(rs):
+                    settled.add(t); continue
+                for r, k in zip(rs, keep):
                     if not k:
                         drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
                         dropped += 1
@@ -983,7 +1004,8 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         "settings": {"plausible": plausible, "min_voxels": min_voxels, "ranges": ranges, "border": border,
                      "max_components": max_components, "dedup_threshold": dedup_threshold,
                      "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol,
-                     "split_seeds": seeds, "tol": tol, "method": method},
+                     "split_seeds": seeds, "tol": tol, "method": method, "family_cap": family_cap,
+                     "protect_weight": protect_weight},
         "blind": {"chance_mc": 0.25,
                   "kept": blind_accuracy(kept, after, rel_tol) if ans else {},
                   "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
@@ -993,6 +1015,8 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
                                                  for a in (x.name for x in ans)} for t in MC_TASKS
                                              if any(r["task"] == t and r["format"] == "mc" for r in kept)} if ans else {}},
         "pairs": pair_summary(kept, records),
+        "families_by_task": {t: {"families": len(c), "max_share": round(max(c.values()) / sum(c.values()), 4)}
+                             for t in TASKS if (c := Counter(scan_family(r) for r in kept if r["task"] == t))},
     }
     if audit:
         # fresh splits (seeds after the filter's): with a filter's own split, the audit's answerers would be near copies
