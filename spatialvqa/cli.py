@@ -49,6 +49,13 @@ def _phantom(a) -> int:
     make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
     return 0
 
+# %% ../nbs/49_cli.ipynb #8310e93e
+def _check_params(a) -> int:
+    from spatialvqa.core import check_params_file, get_logger
+    params = check_params_file(a.params)
+    get_logger("cli").info("%s: %d sections, no secret-looking option", a.params, len(params))
+    return 0
+
 # %% ../nbs/49_cli.ipynb #ef76f228
 _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
     "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
@@ -87,6 +94,9 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--workers", type=int, default=None)
     g.set_defaults(func=_phantom)
+    k = sub.add_parser("check-params", help="refuse a params file that holds a secret (run before every DVC stage)")
+    k.add_argument("params", nargs="?", default="params.yaml", help="the parameters file (default: params.yaml)")
+    k.set_defaults(func=_check_params)
     # modules that bring their own subcommands
     for mod, commands in _PLUGINS.items():
         if load(mod): importlib.import_module(mod).add_cli(sub)

@@ -30,11 +30,11 @@ import yaml
 
 # %% auto #0
 __all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'SecretOptionError',
-           'check_no_secrets', 'mask_secrets', 'get_logger', 'progress', 'OutputError', 'protect_inputs',
-           'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl',
-           'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map', 'thread_map',
-           'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes', 'plot_grouped_ci',
-           'length_histogram', 'plot_length_distributions']
+           'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger', 'progress', 'OutputError',
+           'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl',
+           'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map',
+           'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes',
+           'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -98,7 +98,7 @@ def check_no_secrets(config, where: str = "config"):
     def walk(o, path):
         if isinstance(o, Mapping):
             for k, v in o.items():
-                p = f"{path}.{k}"
+                p = f"{path}.{k}" if path else str(k)
                 if _secret_name(k):
                     raise SecretOptionError(f"{p}: secrets are not accepted in a config (it would be stored in dvc.lock, the "
                                             f"executed notebooks and logs); put the key in an environment variable and name it "
@@ -106,6 +106,10 @@ def check_no_secrets(config, where: str = "config"):
                 walk(v, p)
         elif isinstance(o, (list, tuple)):
             for i, v in enumerate(o): walk(v, f"{path}[{i}]")
+        elif isinstance(o, str) and o.lstrip().startswith("{"):   # a config given as JSON text (validate.llm)
+            try: inner = json.loads(o)
+            except ValueError: return
+            walk(inner, path)
     walk(config, where)
     return config
 
@@ -122,6 +126,18 @@ def mask_secrets(text, extra: Iterable[str | None] = ()) -> str:
         text = text.replace(s, "***")
         if len(s) > 8: text = re.sub(re.escape(s[:8]) + r"\S*", "***", text)
     return text
+
+# %% ../nbs/00_core.ipynb #d2512e98
+def check_params_file(path: str | os.PathLike = "params.yaml") -> dict:
+    "The parameters of the YAML file at `path`, after `check_no_secrets` over all of it (a `SecretOptionError` names the key)."
+    path = Path(path)
+    try:
+        with open(path) as f: params = yaml.safe_load(f)
+    except yaml.YAMLError as e: raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if params is None: params = {}
+    if not isinstance(params, Mapping): raise ValueError(f"{path}: not a mapping of parameters (a {type(params).__name__})")
+    try: return check_no_secrets(params, "")
+    except SecretOptionError as e: raise SecretOptionError(f"{path}: {e}") from None
 
 # %% ../nbs/00_core.ipynb #16578eff
 def get_logger(name: str = "spatialvqa") -> logging.Logger:

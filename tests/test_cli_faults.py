@@ -26,6 +26,9 @@ CASES = {
                     ("--predictions {d}/preds.jsonl --judgments {d}/strverdict.json --out {d}/o.json", ["strverdict.json: row 0", "'true'"]),
                     ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --threshold nan --out {d}/o.json", ["--threshold nan"]),
                     ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --out {d}/preds.jsonl", ["preds.jsonl", "is the input"])],
+    "ctsvqa-judge": [("--predictions {d}/absent.jsonl --judge replay:x.jsonl --out {d}/j.jsonl", ["absent.jsonl", "No such file"]),
+                     ("--predictions {d}/list.jsonl --judge replay:x.jsonl --out {d}/j.jsonl", ["list.jsonl:2", "not list"]),
+                     ("--predictions {d}/preds.jsonl --judge replay:x.jsonl --out {d}/preds.jsonl", ["preds.jsonl", "is the input"])],
     "ctsvqa-text": [("--predictions {d}/list.jsonl --no-sbert --no-meteor --out {d}/o.json", ["list.jsonl:1", "no field 'answer'"]),
                     ("--predictions {d}/empty.jsonl --no-sbert --no-meteor --out {d}/o.json", ["empty.jsonl", "no predictions"]),
                     ("--predictions {d}/preds.jsonl --out /dev/null", ["/dev/null", "device"])],
@@ -47,6 +50,9 @@ CASES = {
     "ctrate-download": [("--questions {d}/list.jsonl --out {d}/d", ["list.jsonl:2", "not list"])],
     "report-qa": [("--reports {d}/bad.json --out {d}/r.jsonl", ["bad.json", "not valid JSON"]),
                   ("--reports {d}/bad.json --out {d}/bad.json", ["bad.json", "is the input"])],
+    "check-params": [("{d}/secret.yaml", ["secret.yaml: validate.llm.api_key", "api_key_env"]),
+                     ("{d}/bad.json", ["bad.json", "not valid YAML"]),
+                     ("{d}/missing.yaml", ["missing.yaml", "No such file"])],
     "views": [("{d}/broken.nii.gz {d}/broken.nii.gz --structures liver --out {d}/vw", ["broken.nii.gz", "corrupt"])],
 }
 
@@ -70,6 +76,7 @@ def broken(tmp_path_factory):
     (d / "bad.json").write_text('[{"question": "Q", ')
     (d / "strverdict.json").write_text('[{"question": "Q", "answer": "A", "prediction": "P", "is_correct": "true"}]')
     (d / "sheet.csv").write_text("a,b\n1,2\n")
+    (d / "secret.yaml").write_text("""validate:\n  llm: '{"backend": "openai", "model": "m", "api_key": "sk-0123456789abcdef"}'\n""")
     (d / "afile").write_text("x")
     (d / "emptydir").mkdir()
     (d / "link.jsonl").symlink_to(d / "preds.jsonl")

@@ -265,6 +265,23 @@ def test_stage_run_writes_the_key_nowhere(tmp_path, monkeypatch):
     assert "Bearer ***" in nb                                                   # the errors are printed, masked
 
 
+def test_dvc_stage_refuses_a_secret_in_params_before_papermill_writes(tmp_path):
+    """papermill writes every -p value into the executed notebook before the first cell runs, so a check inside the
+    notebook comes too late: every stage command (dvc.yaml's `nb` prefix) runs `spatialvqa check-params` first."""
+    import yaml
+    nb = yaml.safe_load((ROOT / "dvc.yaml").read_text())["vars"][0]["nb"]
+    assert nb.startswith("spatialvqa check-params params.yaml && ")
+    llm = json.dumps({"backend": "openai", "model": "m", "api_key": KEY})
+    (tmp_path / "params.yaml").write_text(f"validate:\n  llm: '{llm}'\n")
+    cmd = f"{nb} {ROOT / 'nbs/stages/validate.ipynb'} reports/notebooks/validate.ipynb -p llm '{llm}'"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "params.yaml: validate.llm.api_key" in r.stderr and KEY not in r.stderr + r.stdout
+    assert not (tmp_path / "reports").exists()                                   # papermill never started
+    r = subprocess.run(["bash", "-c", "spatialvqa check-params params.yaml"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr                                           # the project's own params are clean
+
+
 # --- wrong numbers: parse_number ------------------------------------------------------------------------------------
 
 def test_parse_negative_volume_is_not_read_as_positive():
