@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,8 @@ __all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'present_names'
            'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'resizable',
            'resize_candidates', 'resize_auto', 'show_copies', 'flipped', 'counterfactual_record', 'pair_questions',
            'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of', 'read_manifests', 'select_scans',
-           'make_counterfactuals']
+           'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row', 'split_copies', 'pair_focus',
+           'flip_predicate', 'flip_predicates']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -368,6 +369,11 @@ def _named(record: Mapping) -> list[str]:
     out = list(record["structures"]) + [spec[k] for k in ("a", "b", "ref") if isinstance(spec.get(k), str)]
     return list(dict.fromkeys(out))
 
+def _same(a: Structure, b: Structure) -> bool:
+    "The same measurement: voxels, centroid and box."
+    return a.voxels == b.voxels and np.allclose([*a.centroid, *a.bbox_min, *a.bbox_max], [*b.centroid, *b.bbox_min, *b.bbox_max],
+                                                rtol=0, atol=1e-6)
+
 def _num(x) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
@@ -381,10 +387,11 @@ def flipped(original: Mapping, counter: Mapping) -> bool:
 
 def counterfactual_record(record: Mapping, context: ScanContext, kind: str, source: str | None = None,
                           image: str | None = None, labels: str | None = None,
-                          unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None
-                          ) -> tuple[dict | None, str | None]:
+                          unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None,
+                          original: Mapping[str, Structure] | None = None) -> tuple[dict | None, str | None]:
     """`record` asked on a copy whose measured structures are in `context` (a `spatialvqa.questions.ScanContext`):
-    `(counterfactual record, None)`, or `(None, why it cannot be paired)`."""
+    `(counterfactual record, None)`, or `(None, why it cannot be paired)`. `original`: the original scan's structures;
+    a question about structures the copy leaves exactly as they were is not paired (its twin would only repeat it)."""
     named = _named(record)
     bad = [n for n in named if n in set(unpaired_sided)]
     if bad: return None, f"names {bad[0]}, a sided structure without mirror counterpart"
@@ -392,6 +399,8 @@ def counterfactual_record(record: Mapping, context: ScanContext, kind: str, sour
     if missing: return None, f"{missing[0]} is absent from the copy"
     excluded = [n for n in named if n in context.excluded]
     if excluded: return None, f"{excluded[0]} is not askable on the copy: {context.excluded[excluded[0]]}"
+    if original is not None and all(n in original and _same(original[n], context.structs[n]) for n in named):
+        return None, "the copy leaves every structure it asks about unchanged"
     for tum, host in (record.get("hosts") or {}).items():
         now = host_of(context.structs[tum], context.structs) if tum in context.structs else None
         if now != host: return None, f"the question names {tum} by its host {host}, which it is no longer in ({now})"
@@ -437,7 +446,9 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
                    originals: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS) -> tuple[list[dict], pd.DataFrame]:
     """The counterfactual record of every question of `records` on every copy of its scan measured in
     `structures`/`scans` (the measure stage's tables of the counterfactual manifest), and a table of the
-    questions that could not be paired (`qid`, `copy`, `kind`, `reason`). Records sorted by qid."""
+    questions that could not be paired (`qid`, `copy`, `kind`, `reason`). Records sorted by qid. With `originals`
+    (the originals' structures table), a question whose structures the copy leaves unchanged (a resize far from
+    them) is not paired."""
     contexts = contexts_from_tables(structures, scans, min_voxels)
     others = None
     if originals is not None:
@@ -452,7 +463,7 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
         unpaired = [x for x in str(_col(s, "unpaired_sided", "")).split(",") if x]
         for r in by_scan.get(str(orig), []):
             cf, why = counterfactual_record(r, contexts[sid], kind, _col(s, "source"), _col(s, "image"), _col(s, "labels"),
-                                            unpaired, others)
+                                            unpaired, others, None if others is None else others.get(str(orig)))
             if cf is None: dropped.append({"qid": r["qid"], "copy": sid, "kind": kind, "task": r["task"], "reason": why})
             else: out.append(cf)
     get_logger(__name__).info("%d counterfactual questions (%d flipped), %d not paired", len(out),
@@ -579,3 +590,115 @@ def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.
     write_json(rejected, out / "rejected.json")
     get_logger(__name__).info("%d counterfactual copies of %d scans, %d rejected", len(entries), len(chosen), len(rejected))
     return entries, rejected
+
+# %% ../nbs/23_counterfactual.ipynb #fc790373
+def scan_family(r: Mapping | str) -> str:
+    "The original scan that a record (or a scan id) belongs to: a copy `<scan_id>~<kind>` belongs to `<scan_id>`, any other scan to itself."
+    sid = r if isinstance(r, str) else str(r["scan_id"])
+    base, _, kind = sid.rpartition("~")
+    return base if base and kind in KINDS else sid
+
+def pair_key(r: Mapping) -> str:
+    "The pair group of a record: its original's qid for a twin, its own qid for an original."
+    return str(r.get("pair_of") or r["qid"])
+
+def is_copy_row(row) -> bool:
+    "Whether a row of the measure stage's scans table (or a manifest record) is a counterfactual copy."
+    return _col(row, "original") is not None and _col(row, "counterfactual") is not None
+
+def split_copies(structures: pd.DataFrame, scans: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    "The measure stage's tables split into originals and counterfactual copies: `(structures, scans, copy_structures, copy_scans)`."
+    copy = np.array([is_copy_row(r) for _, r in scans.iterrows()], dtype=bool) if len(scans) else np.zeros(0, bool)
+    ids = set(scans.loc[copy, "scan_id"].astype(str)) if len(scans) else set()
+    in_copy = structures["scan_id"].astype(str).isin(ids)
+    return (structures[~in_copy].reset_index(drop=True), scans[~copy].reset_index(drop=True),
+            structures[in_copy].reset_index(drop=True), scans[copy].reset_index(drop=True))
+
+# %% ../nbs/23_counterfactual.ipynb #b2235d8f
+_MIDLINE_MM = 20.0     # unpaired structures whose centroid lies farther than this from the mirror plane change sides
+
+def pair_focus(copy_scans: pd.DataFrame, structures: pd.DataFrame, midline_mm: float = _MIDLINE_MM) -> dict[str, list[str]]:
+    """Per original scan with copies (`copy_scans`: the measure stage's scans table of the copies; `structures`: the
+    originals' structures table), the structures its questions should involve so that their twins can flip: the
+    resize copy's target, and for a mirror copy the unpaired structures (no side, no counterpart) whose centroid lies
+    more than `midline_mm` off the mirror plane. The target is listed as often as those, so that it takes half of
+    the focused draws (`spatialvqa.questions.generate_questions`)."""
+    targets, lateral = defaultdict(list), defaultdict(list)
+    for _, s in copy_scans.iterrows():
+        orig, kind = str(_col(s, "original")), _col(s, "counterfactual")
+        if kind == "resize" and _col(s, "target") is not None: targets[orig].append(str(s["target"]))
+        elif kind == "mirror":
+            x0 = _col(s, "plane_x_mm")
+            t = structures[structures["scan_id"].astype(str) == orig]
+            lateral[orig] += [n for n, x in zip(t["name"].astype(str), t["centroid_x"].astype(float))
+                              if counterpart(n) is None and side(n) is None and (x0 is None or abs(x - float(x0)) > midline_mm)]
+    out = {}
+    for o in dict.fromkeys([*lateral, *targets]):
+        lat = [n for n in dict.fromkeys(lateral[o]) if n not in targets[o]]
+        out[o] = lat + [t for t in dict.fromkeys(targets[o]) for _ in range(max(1, len(lat)))]
+    return out
+
+# %% ../nbs/23_counterfactual.ipynb #cfbd9d3e
+def _item_names(it: Mapping) -> list[str]:
+    "Every structure a generator's item names: its structures, option structures and the spec's roles."
+    opts = [o["key"] for o in it.get("options") or [] if isinstance(o.get("key"), str)] if it.get("option_structures") else []
+    return list(dict.fromkeys([*it["structures"], *opts, *(it["spec"][k] for k in ("a", "b", "ref") if isinstance(it["spec"].get(k), str))]))
+
+def _copy_answer(it: Mapping, spec: Mapping, structs: Sequence[Mapping]) -> dict | None:
+    try: return evaluate({"subtask": it["subtask"], "spec": dict(spec)}, structs)
+    except (KeyError, ZeroDivisionError, ValueError, TypeError): return None
+
+def flip_predicate(original: ScanContext, copies: Sequence[tuple[ScanContext, Sequence[str]]],
+                   contexts: Mapping[str, ScanContext] | None = None) -> Callable[[dict], bool]:
+    """The `accept` test of `generate_questions` for the scan `original`: a candidate item passes when its answer
+    changes on at least one of `copies` (each a copy's `ScanContext` with its unpaired sided names) and is
+    unambiguous there, asked as `pair_questions` would ask it (every named structure askable on the copy, tumours in
+    the same host). Items with numeric ladders (`variants`) keep only the letter positions whose ladders flip.
+    `contexts`: the other scans' contexts, for questions that need two scans."""
+    contexts = contexts or {}
+    def ok_on(it: Mapping, cc: ScanContext, unpaired: Sequence[str]) -> bool:
+        names = _item_names(it)
+        if any(n not in cc.structs or n in cc.excluded or n in unpaired for n in names): return False
+        return all(host_of(cc.structs[t], cc.structs) == h for t, h in original.hosts.items() if t in names)
+    def accept(it: dict) -> bool:
+        rest = [contexts[s].structs for s in it["scan_ids"][1:] if s in contexts]
+        if len(rest) != len(it["scan_ids"]) - 1: return False
+        usable = [cc for cc, unp in copies if ok_on(it, cc, unp)]
+        if not usable: return False
+        if "variants" not in it and "options" not in it:            # numeric: the value changes clearly
+            e0 = _copy_answer(it, it["spec"], [original.structs, *rest])
+            for cc in usable:
+                e1 = _copy_answer(it, it["spec"], [cc.structs, *rest])
+                if e0 is None or e1 is None or e1["answer_value"] is None or not math.isfinite(e1["answer_value"]): continue
+                t0, t1 = e0["derived"].get("tolerance") or 0.0, e1["derived"].get("tolerance") or 0.0
+                if flipped({"format": "numeric", "answer_value": e0["answer_value"], "tolerance": t0},
+                           {"answer_value": e1["answer_value"], "tolerance": t1}): return True
+            return False
+        sets = it["variants"] if "variants" in it else [it["options"]]
+        right = range(len(sets)) if "variants" in it else [0]
+        keep = []
+        for i, opts in zip(right, sets):
+            if opts is None: keep.append(None); continue
+            spec = {**it["spec"], "options": [o["key"] for o in opts]}
+            good = False
+            for cc in usable:
+                e1 = _copy_answer(it, spec, [cc.structs, *rest])
+                t = None if e1 is None else e1["truth"]
+                if t is None or any(x is None for x in t) or sum(t) != 1: continue
+                if t.index(True) != i: good = True; break
+            keep.append(opts if good else None)
+        if not any(k is not None for k in keep): return False
+        if "variants" in it: it["variants"] = keep
+        return True
+    return accept
+
+def flip_predicates(structures: pd.DataFrame, scans: pd.DataFrame, min_voxels: int = MIN_VOXELS) -> dict[str, Callable[[dict], bool]]:
+    """`flip_predicate` of every original scan with copies, from the measure stage's tables of originals and copies
+    together (`split_copies` tells them apart): the `accept` argument of `generate_questions`."""
+    st, sc, cst, csc = split_copies(structures, scans)
+    orig, cop = contexts_from_tables(st, sc, min_voxels), contexts_from_tables(cst, csc, min_voxels)
+    by: dict[str, list] = defaultdict(list)
+    for _, s in csc.iterrows():
+        sid = str(s["scan_id"])
+        if sid in cop: by[str(s["original"])].append((cop[sid], [x for x in str(_col(s, "unpaired_sided", "")).split(",") if x]))
+    return {o: flip_predicate(orig[o], cs, orig) for o, cs in by.items() if o in orig}

@@ -18,12 +18,12 @@ from .core import OKABE_ITO, plot_grouped_ci, plot_length_distributions, series_
 from .questions import NO_TUMOUR, TASKS, composition_long
 from .scoring import ERROR_TYPES, SCORE_STATUSES, failure_type_table
 from .stats import word_counts
-from .results import DEFAULT_MODEL_INFO, TABLE2_TASKS, in_scope
+from .results import DEFAULT_MODEL_INFO, PAIR_COLUMNS, TABLE2_TASKS, in_scope
 
 # %% auto #0
 __all__ = ['MATRIX_STATES', 'plot_composition', 'plot_task_bars', 'plot_organ_heatmap', 'plot_radar', 'plot_volume_mra',
            'correctness_states', 'plot_correctness_matrix', 'answer_lengths', 'plot_answer_lengths',
-           'plot_parse_failures', 'plot_circular', 'plot_failures', 'plot_failure_types']
+           'plot_parse_failures', 'plot_circular', 'plot_pairs', 'plot_failures', 'plot_failure_types']
 
 # %% ../nbs/45_figures.ipynb #f5db3a46
 _PALETTE = tuple(OKABE_ITO.values())   # the Okabe-Ito palette in its stored order
@@ -77,14 +77,20 @@ def plot_composition(records: Sequence[dict], path=None, top: int = 14):
 
 
 # %% ../nbs/45_figures.ipynb #58922767
-def plot_task_bars(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, title: str = "Track A accuracy by task (95% CI by scan)"):
-    "(figure, data): grouped bars of Table 2's columns per model with their intervals."
+def plot_task_bars(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None,
+                   title: str = "Track A accuracy by task (95% CI by scan family)"):
+    "(figure, data): grouped bars of Table 2's columns per model with their intervals (horizontal for more than five models)."
     info = {**DEFAULT_MODEL_INFO, **(info or {})}
     d = values.assign(label=values["model"].map(lambda m: (info.get(m) or {}).get("label", m)))
     import matplotlib.pyplot as plt
-    cols = ["MCA AVG", *TABLE2_TASKS, "Volume MRA"]
+    cols = ["MCA AVG", *TABLE2_TASKS, "Volume MRA", *PAIR_COLUMNS]
     d = d[d["column"].isin(cols)].assign(order=lambda x: x["column"].map(cols.index)).sort_values("order", kind="stable").drop(columns="order")
-    fig, ax = plt.subplots(figsize=(min(16, 1.1 + 0.42 * len(cols) * d["model"].nunique() + 0.6 * len(cols)), 4.8))
+    k, c = d["model"].nunique(), d["column"].nunique()
+    if k > 5:                                     # many models: one row of bars per column, read from top to bottom
+        fig, ax = plt.subplots(figsize=(10, 0.2 * c * (k + 1) + 1.6))
+        plot_grouped_ci(d, "column", "label", label="accuracy (Volume MRA: MRA)", title=title, fmt="{:.0%}", ax=ax, horizontal=True)
+        return fig, d
+    fig, ax = plt.subplots(figsize=(min(16, 1.1 + 0.42 * len(cols) * k + 0.6 * len(cols)), 4.8))
     plot_grouped_ci(d, "column", "label", label="accuracy (Volume MRA: MRA)", title=title, fmt="{:.0%}", ax=ax)
     return fig, d
 
@@ -138,7 +144,7 @@ def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accurac
     fig.tight_layout()
     return fig, acc
 
-def plot_volume_mra(vol: pd.DataFrame, title: str = "Volume estimation: MRA by structure size (95% CI by scan)"):
+def plot_volume_mra(vol: pd.DataFrame, title: str = "Volume estimation: MRA by structure size (95% CI by scan family)"):
     "(figure, data): grouped bars of MRA per volume range and model."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(min(14, 2 + 0.45 * len(vol)), 4.4))
@@ -232,7 +238,7 @@ def plot_parse_failures(parse: pd.DataFrame, title: str = "How answers were read
 
 # %% ../nbs/45_figures.ipynb #a1fb10cf
 def plot_circular(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chance: Mapping[str, float] | None = None,
-                  column: str = "MCA AVG", title: str = "Plain vs. circular accuracy (MCA AVG, 95% CI by scan)"):
+                  column: str = "MCA AVG", title: str = "Plain vs. circular accuracy (MCA AVG, 95% CI by scan family)"):
     "(figure, data): per model, plain and circular accuracy of `column` side by side; chance levels as dashed lines."
     import matplotlib.pyplot as plt
     info = {**DEFAULT_MODEL_INFO, **(info or {})}
@@ -250,6 +256,32 @@ def plot_circular(values: pd.DataFrame, info: Mapping[str, Mapping] | None = Non
     for k, c in (chance or {}).items():
         ax.axhline(c, color=colours.get(k, "#555555"), ls="--", lw=1)
         ax.text(ax.get_xlim()[1], c, f" chance, {k}: {c:.1%}", va="center", fontsize=8, color=colours.get(k, "#555555"))
+    fig.tight_layout()
+    return fig, d
+
+# %% ../nbs/45_figures.ipynb #857e4cc2
+def plot_pairs(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chance: Mapping[str, float] | None = None,
+               title: str = "Counterfactual pairs: both members right (95% CI by scan family)"):
+    "(figure, data): per model, `Pair acc.` and `Flip pairs` of Table 2's long values (`pair_values`) with intervals; chance dashed."
+    import matplotlib.pyplot as plt
+    info = {**DEFAULT_MODEL_INFO, **(info or {})}
+    d = values[values["column"].isin(PAIR_COLUMNS)]
+    d = d.assign(label=d["model"].map(lambda m: (info.get(m) or {}).get("label", m)),
+                 pairs=d["column"].map({"Pair acc.": "all pairs", "Flip pairs": "pairs whose answer flips"}))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * d["model"].nunique() + 2.5), 4.6))
+    if d.empty:
+        ax.text(0.5, 0.5, "no counterfactual pairs in the benchmark", ha="center", va="center")
+        ax.set_axis_off(); ax.set_title(title, fontsize=12)
+        return fig, d
+    colours = {"all pairs": "#56B4E9", "pairs whose answer flips": "#D55E00"}
+    n = d.groupby("pairs", sort=False)["n"].max()
+    title = f"{title}\n" + ", ".join(f"{k}: n = {int(v)}" for k, v in n.items())
+    plot_grouped_ci(d, "label", "pairs", label="pair accuracy", title=title, fmt="{:.0%}", ax=ax, colours=colours, wrap=16)
+    for k, c in (chance or {}).items():
+        if k not in PAIR_COLUMNS: continue
+        ax.axhline(c, color="#555555", ls="--", lw=1)
+        ax.text(ax.get_xlim()[1], c, f" chance: {c:.1%}", va="center", fontsize=8, color="#555555")
+        break
     fig.tight_layout()
     return fig, d
 

@@ -34,10 +34,11 @@ log = get_logger(__name__)
 # %% auto #0
 __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput', 'Adapter',
            'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
-           'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter',
-           'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact',
-           'lock_path', 'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer',
-           'add_cli', 'free_text_config', 'ReportOracleAdapter', 'AnswerPriorAdapter', 'VolumeSideAdapter']
+           'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'AtlasAdapter', 'TextbookAdapter', 'NameCueAdapter',
+           'OracleAdapter', 'data_url', 'OpenAIAdapter', 'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config',
+           'prediction_key', 'partial_path', 'compact', 'lock_path', 'RunSummary', 'run_inference', 'parse_config',
+           'model_entry', 'scored_models', 'infer', 'add_cli', 'free_text_config', 'ReportOracleAdapter',
+           'AnswerPriorAdapter', 'VolumeSideAdapter']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -146,21 +147,29 @@ class _CrossFit(BaseAdapter):
         super().__init__(seed=int(seed), folds=int(folds), **kw)
         self._preds: dict[str, Any] | None = None
 
+    def _make(self) -> list:
+        from spatialvqa.validate import make_answerers
+        return make_answerers([self.answerer], seed=self.config["seed"])
+
     def prepare(self, records: Sequence[dict]) -> None:
-        from spatialvqa.validate import cross_fit, make_answerers
+        from spatialvqa.validate import cross_fit
         recs = [r for r in records if r.get("format") in ("mc", "numeric") and r.get("spec") is not None]
-        a = make_answerers([self.answerer], seed=self.config["seed"])
+        a = self._make()
         base = [r for r in recs if not r.get("rotation")]
         fit = cross_fit(base, a, folds=self.config["folds"], seed=self.config["seed"])
         self._preds = {q: e.get(a[0].name, {}).get("pred") for q, e in fit.items()}
         rot = [r for r in recs if r.get("rotation")]     # rotated copies (circular evaluation): answered, never learned from
-        if rot:
+        if rot and not getattr(a[0], "needs_fit", True):  # textbook, name cues, the leave-one-out atlas: no folds
+            fitted = a[0].fit(base) if getattr(a[0], "loso", False) else a[0]
+            self._preds.update(zip([r["qid"] for r in rot], fitted.predict(rot)))
+        elif rot:
             from spatialvqa.stats import group_folds
-            fold = group_folds([r["scan_id"] for r in base], self.config["folds"], self.config["seed"])
+            from spatialvqa.counterfactual import scan_family      # the folds of `cross_fit`: a copy with its original
+            fold = group_folds([scan_family(r) for r in base], self.config["folds"], self.config["seed"])
             for k in range(self.config["folds"]):
-                test_ = [r for r in rot if fold.get(r["scan_id"]) == k]
+                test_ = [r for r in rot if fold.get(scan_family(r)) == k]
                 if test_:
-                    fitted = a[0].fit([r for r in base if fold[r["scan_id"]] != k])
+                    fitted = a[0].fit([r for r in base if fold[scan_family(r)] != k])
                     self._preds.update(zip([r["qid"] for r in test_], fitted.predict(test_)))
 
     def answer(self, inp: ModelInput) -> str:
@@ -180,6 +189,30 @@ class PriorAdapter(_CrossFit):
 class BlindTextAdapter(_CrossFit):
     "A text-only classifier over question and options, trained on the other half of the scans."
     answerer = "text"
+
+@register("atlas")
+class AtlasAdapter(_CrossFit):
+    """An anatomy atlas (`validate.AtlasAnswerer`): each question answered from the median measurements of other scans.
+    `loso`: of all other scans (the question's scan family left out: the triviality filter's own atlas); else of the
+    scans of the other folds (`folds` halves of the scan families, split by `seed`)."""
+    answerer = "atlas"
+
+    def __init__(self, seed: int = 0, folds: int = 2, loso: bool = False, **kw):
+        super().__init__(seed=seed, folds=folds, loso=bool(loso), **kw)
+
+    def _make(self) -> list:
+        from spatialvqa.validate import AtlasAnswerer
+        return [AtlasAnswerer(seed=self.config["seed"], loso=self.config["loso"])]
+
+@register("textbook")
+class TextbookAdapter(_CrossFit):
+    "The textbook (`validate.TextbookAnswerer`): typical volumes, sides, depths and levels of the anatomy reference; no training."
+    answerer = "textbook"
+
+@register("name_cue")
+class NameCueAdapter(_CrossFit):
+    "Side words in the structure names (`validate.NameCueAnswerer`): left-right questions only, a coin for the rest; no training."
+    answerer = "name_cue"
 
 # %% ../nbs/41_models.ipynb #49e6eb01
 @register("oracle")

@@ -1164,10 +1164,13 @@ def _dedup_key(item: dict) -> tuple:
 
 def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: Mapping[str, int], seed: int,
                 tumour_share: float, max_tries: int, seen: set, focus: Sequence[str] = (),
-                focus_share: float = 0.5) -> list[dict]:
+                focus_share: float = 0.5, accept: Callable[[dict], bool] | None = None,
+                accept_share: float = 0.5) -> list[dict]:
     """Candidate questions of one scan, task by task, each subtask in turn; a share of them about its tumours, or,
     when `focus` names structures of the scan, a `focus_share` of them about those (e.g. a counterfactual copy's
-    resized structure, so that its pair's answer can change)."""
+    resized structure, so that its pair's answer can change; a name listed twice is drawn twice as often). With
+    `accept`, an `accept_share` of the slots first try up to `max_tries` candidates that `accept(item)` passes (e.g.
+    questions whose answer changes on a counterfactual copy; it may narrow `item["variants"]`), then any candidate."""
     rng = _rng(seed, c.scan_id)
     focused = [n for n in focus if n in c.pool]
     tumours = focused or [n for n in c.pool if is_tumour(n)]
@@ -1181,7 +1184,8 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
         order = [subs[i] for i in rng.permutation(len(subs))]
         for slot in range(n):
             want_tumour = bool(tumours) and rng.random() < tumour_share
-            for attempt in range(max_tries):
+            want_accept = accept is not None and rng.random() < accept_share     # no draw without `accept`: same questions
+            for attempt in range(max_tries * (2 if want_accept else 1)):
                 sub = order[(slot + attempt // 4) % len(order)]
                 focus = tumours[int(rng.integers(len(tumours)))] if want_tumour and attempt < max_tries // 2 else None
                 it = GENERATORS[sub](c, rng, focus, others)
@@ -1190,6 +1194,7 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
                 if key in seen: continue
                 it = _finish(it, contexts, rng)
                 if it is None: continue
+                if want_accept and attempt < max_tries and not accept(it): continue
                 seen.add(key)
                 it["focus"] = focus
                 items.append(it)
@@ -1252,6 +1257,9 @@ RECORD_FIELDS: dict[str, str] = {
     "measurements": "the measured numbers the answer comes from: per structure and the derived values",
     "seed": "the generation seed",
     "generator_version": "version of the generator's rules",
+    "pair_of": "a counterfactual twin's original question (its qid); None for an original",
+    "counterfactual": "the copy a twin is asked on: 'mirror' or 'resize' (`spatialvqa.counterfactual`); None for an original",
+    "flipped": "a twin's answer differs from its original's (None for an original)",
 }
 
 # %% ../nbs/20_questions.ipynb #16bcd7e8
@@ -1303,6 +1311,7 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
                              [m for m in structures if m in x.structs] + [spec[k] for k in ("a", "b", "ref") if k in spec])],
                          "derived": ev["derived"]},
         "seed": int(seed), "generator_version": GENERATOR_VERSION,
+        "pair_of": None, "counterfactual": None, "flipped": None,
     }
 
 def contexts_from_tables(structures: pd.DataFrame, scans: pd.DataFrame | None = None,
@@ -1347,15 +1356,17 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                        tasks: Sequence[str] = TASKS, scans: pd.DataFrame | None = None, tumour_share: float = 0.5,
                        min_voxels: int = MIN_VOXELS, max_tries: int = 40,
                        per_source: Mapping[str, Mapping[str, int]] | str | None = None,
-                       focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5) -> list[dict]:
+                       focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5,
+                       accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
     unambiguous ones); `per_source`: budgets that replace it, task by task, for the scans of a source (`parse_per_source`). `scans`: the measure stage's scans table (voxel sizes for the tolerances, the scan's
     box, so that structures its faces cut are asked about only within it, and the file paths). `tumour_share`: in scans with
     tumours, the share of questions that involve one; `focus`: per scan id, structures that a `focus_share` of that
-    scan's questions involve instead (None: the tumours, as before). Returns records sorted by scan, task and qid
-    (fields: `RECORD_FIELDS`)."""
+    scan's questions involve instead (None: the tumours, as before); `accept`: per scan id, a predicate that an
+    `accept_share` of that scan's questions must pass where a candidate does (`_scan_items`; the counterfactual pairs:
+    `spatialvqa.counterfactual.flip_predicate`). Returns records sorted by scan, task and qid (fields: `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]
     if bad: raise ValueError(f"unknown task(s) {bad}; expected some of {TASKS}")
@@ -1372,7 +1383,7 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     for sid in sorted(contexts):
         budget = {t: n for t, n in {**per_scan, **per_source.get(contexts[sid].group, {})}.items() if t in tasks}
         items += _scan_items(contexts[sid], contexts, budget, seed, tumour_share, max_tries, seen,
-                             (focus or {}).get(sid, ()), focus_share)
+                             (focus or {}).get(sid, ()), focus_share, (accept or {}).get(sid), accept_share)
     ids = [it["qid"] for it in items]
     assert len(ids) == len(set(ids)), "duplicate qids"
     _assign_letters(items, seed)

@@ -18,16 +18,18 @@ import pandas as pd
 from .core import atomic_write, get_logger, read_jsonl
 from .stats import bootstrap_means, bootstrap_ci
 from .questions import LETTERS, rotations
+from .counterfactual import scan_family
 from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table, blind_gap, circular_eval,
                                 compare_models, failure_sheet, outcome, position_bias, score_predictions, toy_records)
 
 # %% auto #0
-__all__ = ['TABLE2_TASKS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope', 'score_models', 'read_predictions',
-           'in_scope', 'write_scores', 'read_scores', 'table2_values', 'chance_values', 'table2', 'sanity_checks',
-           'markdown', 'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range',
-           'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table',
-           'score_metrics', 'split_rotations', 'circular_values', 'circular_chance', 'circular_table',
-           'circular_checks', 'failure_sheets', 'failure_instructions', 'failure_counts']
+__all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope', 'score_models',
+           'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'cluster_of', 'pair_outcomes', 'pair_values',
+           'toy_pairs', 'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape',
+           'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume',
+           'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics',
+           'split_rotations', 'circular_values', 'circular_chance', 'circular_table', 'circular_checks',
+           'failure_sheets', 'failure_instructions', 'failure_counts']
 
 # %% ../nbs/44_results.ipynb #99dbe145
 TABLE2_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
@@ -120,43 +122,127 @@ def read_scores(path: str | os.PathLike, models: Sequence[str] | None = None) ->
     d["model"] = pd.Categorical(d["model"], categories=order, ordered=True)
     return d[d["model"].notna()].reset_index(drop=True)
 
+# %% ../nbs/44_results.ipynb #c1da3285
+PAIR_COLUMNS = ("Pair acc.", "Flip pairs")
+
+def cluster_of(scored: pd.DataFrame) -> np.ndarray:
+    "The bootstrap cluster of each scored row: its scan's family (`scan_family`: a counterfactual copy with its original)."
+    return scored["scan_id"].astype(str).map(scan_family).to_numpy()
+
+def pair_outcomes(d: pd.DataFrame, value: str) -> pd.DataFrame:
+    """One row per model and pair in `d` (scored rows with `qid`, `pair_of`, `flipped`, `task`, `scan_id` and the 0/1
+    column `value`) whose two members are both there: `model`, `pair_id` (the twin's qid), `original`, `task`, `kind`
+    (mirror / resize), `flipped`, `family` (the original's scan), `original_right`, `twin_right`, `both`."""
+    cols = ["model", "pair_id", "original", "task", "kind", "flipped", "family", "original_right", "twin_right", "both"]
+    if "pair_of" not in d: return pd.DataFrame(columns=cols)
+    rows = []
+    for m, g in d.groupby("model", observed=True, sort=False):
+        v = dict(zip(g["qid"].astype(str), g[value].astype(float)))
+        for t in g[g["pair_of"].notna()].itertuples(index=False):
+            o = str(t.pair_of)
+            if o not in v: continue
+            a, b = v[o], float(getattr(t, value))
+            rows.append(dict(model=str(m), pair_id=str(t.qid), original=o, task=t.task, kind=str(t.qid).rsplit("~", 1)[-1],
+                             flipped=bool(t.flipped), family=scan_family(str(t.scan_id)), original_right=a, twin_right=b,
+                             both=np.nan if np.isnan(a) or np.isnan(b) else float(min(a, b))))
+    return pd.DataFrame(rows, columns=cols)
+
+def pair_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                by: str | None = None) -> pd.DataFrame:
+    """Pair accuracy per model (and per `by`, e.g. `task` or `kind`) in the long format of `table2_values`: `column`
+    `Pair acc.` (every multiple-choice pair) and `Flip pairs` (pairs whose answer flips), `estimate`, `ci_low`,
+    `ci_high`, `n` pairs, `n_scans` families. Models without pairs in their scope get no rows."""
+    d = in_scope(scored)
+    d = d[d["task"].isin(TABLE2_TASKS)]
+    p = pair_outcomes(d.assign(v=outcome(d, strict)), "v")
+    rows = []
+    for keys, g in p.groupby(["model"] + ([by] if by else []), sort=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        for col, q in zip(PAIR_COLUMNS, (g, g[g["flipped"]])):
+            ci = bootstrap_ci(q["both"].to_numpy(float), q["family"].to_numpy(), n_boot, seed, alpha) if len(q) else {}
+            rows.append(dict(model=keys[0], **({by: keys[1]} if by else {}), column=col, estimate=ci.get("estimate", np.nan),
+                             ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan), n=len(q),
+                             n_scans=int(q["family"].nunique())))
+    return pd.DataFrame(rows, columns=["model", *([by] if by else []), "column", "estimate", "ci_low", "ci_high", "n", "n_scans"])
+
+def toy_pairs(seed: int = 0) -> tuple[list[dict], dict[str, list[dict]]]:
+    """A toy benchmark with counterfactual twins (every third multiple-choice question of `toy_run` gets one, on its
+    scan's `~mirror` copy; two of three twins flip) and answers of `oracle`, `random` and `text_only` (the same letter
+    for a question and its twin: right on the originals, so wrong on every flipped twin)."""
+    recs, _ = toy_run(seed=seed)
+    out = []
+    for i, r in enumerate(recs):
+        r = {**r, "pair_of": None, "flipped": None}
+        out.append(r)
+        if r["format"] != "mc" or i % 3: continue
+        flip = i % 9 != 0
+        a = LETTERS[(LETTERS.index(r["answer_letter"]) + 1) % 4] if flip else r["answer_letter"]
+        out.append({**r, "qid": f"{r['qid']}~mirror", "scan_id": f"{r['scan_id']}~mirror", "pair_of": r["qid"], "flipped": flip,
+                    "answer": a, "answer_letter": a, "answer_text": r["options"][LETTERS.index(a)]})
+    rng = np.random.default_rng(seed)
+    truth = {r["qid"]: (r["answer_letter"] if r["format"] == "mc" else f"{r['answer_value']} mL") for r in out}
+    preds = {"oracle": [dict(qid=q, model="oracle", raw=t, error=None) for q, t in truth.items()],
+             "random": [dict(qid=r["qid"], model="random", raw=str(rng.choice(list(LETTERS))) if r["format"] == "mc" else "100 mL",
+                             error=None) for r in out],
+             "text_only": [dict(qid=r["qid"], model="text_only", raw=truth[r.get("pair_of") or r["qid"]], error=None) for r in out]}
+    return out, preds
+
 # %% ../nbs/44_results.ipynb #de109141
-TABLE2_COLUMNS = ["Model", "Size", "Backbones", "Scope", "MCA AVG", *TABLE2_TASKS, "Volume MRA"]
+TABLE2_COLUMNS = ["Model", "Size", "Backbones", "Scope", "MCA AVG", *TABLE2_TASKS, "Volume MRA", *PAIR_COLUMNS]
 DEFAULT_MODEL_INFO = {
     "random": {"label": "Random", "size": "-", "backbones": "- (uniform letter)"},
     "prior": {"label": "Answer prior", "size": "-", "backbones": "- (answer frequencies)"},
     "blind_text": {"label": "Blind text classifier", "size": "-", "backbones": "- (question text only)"},
     "oracle": {"label": "Oracle (masks)", "size": "-", "backbones": "spatial tools on label maps"},
     "probe": {"label": "Probe (CT features)", "size": "-", "backbones": "I3ResNet-152 (frozen) + MiniLM-L6 / linear head"},
+    "atlas": {"label": "Atlas (2-fold)", "size": "-", "backbones": "- (median anatomy of other scans)"},
+    "atlas_loso": {"label": "Atlas (leave-one-out; filter)", "size": "-", "backbones": "- (median anatomy of all other scans)"},
+    "textbook": {"label": "Textbook (filter)", "size": "-", "backbones": "- (anatomy reference table)"},
+    "name_cue": {"label": "Name cues (filter)", "size": "-", "backbones": "- (side words in the names)"},
 }
 
 def table2_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
-    """Long numbers behind Table 2: one row per model and column (`MCA AVG`, tasks, `Volume MRA`) with
-    `estimate`, `ci_low`, `ci_high` (fractions), plus `n` questions in scope and `n_scans`."""
+    """Long numbers behind Table 2: one row per model and column (`MCA AVG`, tasks, `Volume MRA`, and where the
+    benchmark has counterfactual pairs `Pair acc.` and `Flip pairs`, `pair_values`) with `estimate`, `ci_low`, `ci_high`
+    (fractions), plus `n` questions in scope (pairs for the pair columns) and `n_scans` (scan families: the bootstrap
+    clusters, `cluster_of`)."""
     rows = []
     for m, g in in_scope(scored).groupby("model", observed=True, sort=False):
         mc = g[g["task"].isin(TABLE2_TASKS)]
         vals = np.full((len(mc), len(TABLE2_TASKS)), np.nan)
         v = outcome(mc, strict)
         for j, t in enumerate(TABLE2_TASKS): vals[(mc["task"] == t).to_numpy(), j] = v[(mc["task"] == t).to_numpy()]
-        est, reps = bootstrap_means(vals, mc["scan_id"].astype(str).to_numpy(), n_boot, seed)
+        est, reps = bootstrap_means(vals, cluster_of(mc), n_boot, seed)
         with np.errstate(invalid="ignore"):
             cols = {t: (est[j], *np.nanquantile(reps[:, j], [alpha / 2, 1 - alpha / 2])) for j, t in enumerate(TABLE2_TASKS)}
             avg = np.nanmean(reps, axis=1)
         cols["MCA AVG"] = (float(np.nanmean(est)), *np.nanquantile(avg, [alpha / 2, 1 - alpha / 2]))
         num = g[g["task"] == "VOLEST"]
-        ci = bootstrap_ci(outcome(num, strict, "mra"), num["scan_id"].astype(str).to_numpy(), n_boot, seed, alpha) if len(num) else {}
+        ci = bootstrap_ci(outcome(num, strict, "mra"), cluster_of(num), n_boot, seed, alpha) if len(num) else {}
         cols["Volume MRA"] = (ci.get("estimate", np.nan), ci.get("ci_low", np.nan), ci.get("ci_high", np.nan))
         for c, (e, lo, hi) in cols.items():
             rows.append(dict(model=str(m), column=c, estimate=float(e), ci_low=float(lo), ci_high=float(hi),
-                             n=len(g), n_scans=int(g["scan_id"].nunique())))
-    return pd.DataFrame(rows)
+                             n=len(g), n_scans=len(set(cluster_of(g)))))
+    out = pd.DataFrame(rows)
+    pv = pair_values(scored, strict, n_boot, seed, alpha)
+    if pv.empty: return out
+    order = {m: i for i, m in enumerate(dict.fromkeys(out["model"]))}
+    both = pd.concat([out, pv], ignore_index=True)
+    return both.iloc[np.argsort(both["model"].map(order).to_numpy(), kind="stable")].reset_index(drop=True)
 
 def chance_values(scored: pd.DataFrame) -> dict[str, float]:
-    "Expected accuracy of uniform guessing per Table 2 task and their macro mean (fractions)."
+    "Expected accuracy of uniform guessing per Table 2 task and their macro mean (fractions); of a pair, where there are pairs."
     q = scored.drop_duplicates("qid")
     out = {t: float((1 / q.loc[q["task"] == t, "n_options"].astype(float)).mean()) for t in TABLE2_TASKS}
     out["MCA AVG"] = float(np.nanmean(list(out.values())))
+    if "pair_of" in q:
+        k = dict(zip(q["qid"].astype(str), q["n_options"].astype(float)))
+        tw = q[q["pair_of"].notna() & q["task"].isin(TABLE2_TASKS) & q["pair_of"].astype(str).isin(k)]
+        if len(tw):
+            both = 1 / (tw["n_options"].astype(float).to_numpy() * tw["pair_of"].astype(str).map(k).to_numpy())
+            flip = tw["flipped"].astype(bool).to_numpy()
+            out["Pair acc."] = float(both.mean())
+            if flip.any(): out["Flip pairs"] = float(both[flip].mean())
     return out
 
 def _fmt_ci(e, lo, hi, digits: int = 1) -> str:
@@ -179,14 +265,17 @@ def table2(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chan
         rows.append(row)
     if chance is not None:
         rows.append({"Model": "Chance (expected)", "Size": "-", "Backbones": "-", "Scope": "-",
-                     **{c: f"{100 * chance[c]:.{digits}f}" for c in ("MCA AVG", *TABLE2_TASKS)}, "Volume MRA": "-"})
+                     **{c: f"{100 * chance[c]:.{digits}f}" for c in ("MCA AVG", *TABLE2_TASKS, *PAIR_COLUMNS) if c in chance},
+                     "Volume MRA": "-"})
     return pd.DataFrame(rows).reindex(columns=TABLE2_COLUMNS).fillna("-")
 
 # %% ../nbs/44_results.ipynb #9face618
 def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str = "oracle", random: str = "random") -> dict:
     """`oracle_perfect` (every Table 2 cell of `oracle` is 1, else the cells below in `oracle_below_100`) and
     `random_at_chance` (chance inside the interval of `random`'s MCA AVG); tasks whose interval misses chance are
-    listed in `random_off_chance` (with five 95% intervals, one miss in five runs is expected)."""
+    listed in `random_off_chance` (with five 95% intervals, one miss in five runs is expected). With pairs,
+    `flip_pair_accuracy`: every model's accuracy on the pairs whose answer flips (the oracle's is among the cells
+    that must be 1; a text-only answerer's is near 0)."""
     out = {}
     o = values[values["model"] == oracle]
     if len(o):
@@ -197,6 +286,8 @@ def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str
         bad = r[~((r["ci_low"] <= r["column"].map(chance)) & (r["column"].map(chance) <= r["ci_high"]))]
         out.update(random_at_chance="MCA AVG" not in set(bad["column"]), random_off_chance=bad["column"].tolist(),
                    random_mca_avg=float(r.loc[r["column"] == "MCA AVG", "estimate"].iloc[0]))
+    f = values[values["column"] == "Flip pairs"]
+    if len(f): out["flip_pair_accuracy"] = {str(m): round(float(e), 4) for m, e in zip(f["model"], f["estimate"])}
     return out
 
 # %% ../nbs/44_results.ipynb #b38d3d57
@@ -252,7 +343,7 @@ def group_accuracy(scored: pd.DataFrame, by: str, strict: bool = True, tasks: Se
     if fill is not None: d[by] = d[by].fillna(fill)
     rows = []
     for (m, k), g in d.groupby(["model", by], observed=True, sort=True):
-        ci = bootstrap_ci(outcome(g, strict), g["scan_id"].astype(str).to_numpy(), n_boot, seed)
+        ci = bootstrap_ci(outcome(g, strict), cluster_of(g), n_boot, seed)
         rows.append({"model": str(m), by: k, "n": len(g), "estimate": ci["estimate"], "ci_low": ci["ci_low"], "ci_high": ci["ci_high"]})
     return pd.DataFrame(rows)
 
@@ -281,7 +372,7 @@ def mra_by_volume(scored: pd.DataFrame, records: Sequence[Mapping], cuts: Sequen
         for k in ("small", "medium", "large", "unknown"):
             g = gm[gm["volume_range"] == k]
             if not len(g): continue
-            ci = bootstrap_ci(outcome(g, strict, "mra"), g["scan_id"].astype(str).to_numpy(), n_boot, seed)
+            ci = bootstrap_ci(outcome(g, strict, "mra"), cluster_of(g), n_boot, seed)
             rows.append(dict(model=str(m), volume_range=names[k], n=len(g), estimate=ci["estimate"], ci_low=ci["ci_low"], ci_high=ci["ci_high"]))
     return pd.DataFrame(rows)
 
@@ -330,8 +421,10 @@ def blind_gap_table(scored: pd.DataFrame, pairs: Mapping[str, str], strict: bool
 
 # %% ../nbs/44_results.ipynb #0e858744
 def score_metrics(scored: pd.DataFrame, n_boot: int = 0) -> dict:
-    "Per model: `n`, `mca_avg_strict`, `mca_avg_lenient`, per task `acc_<TASK>` (strict), `volume_mra`, `read`, `status_<s>` counts."
+    """Per model: `n`, `mca_avg_strict`, `mca_avg_lenient`, per task `acc_<TASK>` (strict), `volume_mra`, `read`,
+    `status_<s>` counts, and with counterfactual pairs `pair_accuracy`, `flip_pair_accuracy` (strict)."""
     out = {}
+    pv = pair_outcomes(in_scope(scored)[lambda d: d["task"].isin(TABLE2_TASKS)].pipe(lambda d: d.assign(v=outcome(d, True))), "v")
     for m, g in in_scope(scored).groupby("model", observed=True, sort=False):
         res = {"n": int(len(g))}
         for strict, name in ((True, "strict"), (False, "lenient")):
@@ -344,6 +437,9 @@ def score_metrics(scored: pd.DataFrame, n_boot: int = 0) -> dict:
         res["volume_mra"] = float(mra.mean()) if len(num) else None
         res["read"] = float((g["status"] == "ok").mean())
         res.update({f"status_{s}": int((g["status"] == s).sum()) for s in SCORE_STATUSES})
+        p = pv[pv["model"] == str(m)]
+        if len(p): res.update(pair_accuracy=float(p["both"].mean()),
+                              flip_pair_accuracy=float(p.loc[p["flipped"], "both"].mean()) if p["flipped"].any() else None)
         out[str(m)] = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in res.items()}
     return out
 
@@ -362,7 +458,9 @@ def split_rotations(scored: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def circular_values(circ: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
     """Per model and column (`MCA AVG`, the five tasks): `n` questions with every rotation scored, `n_scans`, plain
     accuracy (rotation 0: the same numbers as Table 2) and circular accuracy, each with its scan-bootstrap interval
-    (`plain`, `plain_ci_low`, `plain_ci_high`, `circular`, `circular_ci_low`, `circular_ci_high`), and `drop`."""
+    (`plain`, `plain_ci_low`, `plain_ci_high`, `circular`, `circular_ci_low`, `circular_ci_high`), and `drop`. Where
+    there are counterfactual pairs, also `Pair acc.` and `Flip pairs` (`n`: pairs): a pair is right under circular
+    evaluation when both members are right under every rotation."""
     rows = []
     for m, g in in_scope(circ).groupby("model", observed=True, sort=False):
         c = circular_eval(g, strict)
@@ -374,7 +472,7 @@ def circular_values(circ: pd.DataFrame, strict: bool = True, n_boot: int = 2000,
             for j, t in enumerate(TABLE2_TASKS):
                 on = (c["task"] == t).to_numpy()
                 vals[on, j] = c.loc[on, kind].to_numpy(float)
-            est, reps = bootstrap_means(vals, c["scan_id"].astype(str).to_numpy(), n_boot, seed)
+            est, reps = bootstrap_means(vals, cluster_of(c), n_boot, seed)
             with np.errstate(invalid="ignore"):
                 res[kind] = {t: (est[j], *np.nanquantile(reps[:, j], [alpha / 2, 1 - alpha / 2])) for j, t in enumerate(TABLE2_TASKS)}
                 res[kind]["MCA AVG"] = (float(np.nanmean(est)), *np.nanquantile(np.nanmean(reps, axis=1), [alpha / 2, 1 - alpha / 2]))
@@ -384,6 +482,18 @@ def circular_values(circ: pd.DataFrame, strict: bool = True, n_boot: int = 2000,
             rows.append(dict(model=str(m), column=col, n=len(sub), n_scans=int(sub["scan_id"].nunique()), plain=float(p),
                              plain_ci_low=float(plo), plain_ci_high=float(phi), circular=float(q), circular_ci_low=float(qlo),
                              circular_ci_high=float(qhi), drop=float(p - q)))
+        if "pair_of" not in g: continue
+        info = g[g["rotation"] == 0].drop_duplicates("base_qid").set_index("base_qid")[["pair_of", "flipped"]]
+        d = c.rename(columns={"base_qid": "qid"}).join(info, on="qid").assign(model=str(m))
+        pv, pc = pair_outcomes(d, "vanilla"), pair_outcomes(d, "circular")
+        for col, sel in zip(PAIR_COLUMNS, (lambda x: x, lambda x: x[x["flipped"]])):
+            a, b = sel(pv), sel(pc)
+            if not len(a): continue
+            ca = bootstrap_ci(a["both"].to_numpy(float), a["family"].to_numpy(), n_boot, seed, alpha)
+            cb = bootstrap_ci(b["both"].to_numpy(float), b["family"].to_numpy(), n_boot, seed, alpha)
+            rows.append(dict(model=str(m), column=col, n=len(a), n_scans=int(a["family"].nunique()), plain=ca["estimate"],
+                             plain_ci_low=ca["ci_low"], plain_ci_high=ca["ci_high"], circular=cb["estimate"],
+                             circular_ci_low=cb["ci_low"], circular_ci_high=cb["ci_high"], drop=ca["estimate"] - cb["estimate"]))
     return pd.DataFrame(rows, columns=["model", "column", "n", "n_scans", "plain", "plain_ci_low", "plain_ci_high", "circular",
                                        "circular_ci_low", "circular_ci_high", "drop"])
 

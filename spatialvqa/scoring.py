@@ -81,7 +81,7 @@ def score_predictions(records: Sequence[Mapping], predictions: Iterable[Mapping]
     """One row per benchmark record: `qid`, `base_qid`, `rotation`, `model`, `task`, `subtask`, `format`, `organ`,
     `tumour_type`, `scan_id`, `n_options`, `truth`, `status` (ok / no_answer / ambiguous / refused / error / missing),
     `note`, `pred`, `pred_letter`, `correct` (True/False, None when no answer was read), `mra` (numeric only),
-    `question`, `options`, `raw`. `predictions` of other models than `model` are ignored; predictions for qids
+    `question`, `options`, `raw`, and for a counterfactual twin `pair_of` (its original's qid) and `flipped`. `predictions` of other models than `model` are ignored; predictions for qids
     not in `records` are listed in `.attrs["unmatched_predictions"]` and logged. A numeric record whose truth or tolerance
     is unusable is an error naming its qid (and `source`, the benchmark file), whether or not it was answered."""
     preds = _latest(predictions, model)
@@ -97,7 +97,8 @@ def score_predictions(records: Sequence[Mapping], predictions: Iterable[Mapping]
                    n_options=len(r.get("options") or []) if mc else None,
                    truth=r.get("answer_letter") if mc else r.get("answer_value"),
                    status="missing", note="", pred=None, pred_letter=None, correct=None, mra=np.nan,
-                   question=r.get("question"), options=r.get("options"), raw=None)
+                   question=r.get("question"), options=r.get("options"), raw=None,
+                   pair_of=r.get("pair_of"), flipped=r.get("flipped"))
         if p is not None:
             row["raw"] = p.get("raw")
             if p.get("error"): row.update(status="error", note=str(p["error"])[:200])

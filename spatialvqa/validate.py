@@ -24,6 +24,7 @@ import pandas as pd
 from .anatomy import REFERENCE, reference_range, typical_volume
 from .core import atomic_write, dumps, get_logger, stable_hash
 from .stats import cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
+from .counterfactual import pair_key, scan_family
 from .measure import Structure
 from .prompt import build_prompt
 from .parse import parse_answer
@@ -32,14 +33,15 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
 
 # %% auto #0
 __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL',
-           'CHANCE_ROUNDS', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
-           'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
-           'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'AtlasAnswerer',
-           'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
-           'make_answerers', 'cross_fit', 'vote', 'trivial', 'chance_subsample', 'is_real', 'balance_letters',
-           'Validation', 'filter_report', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet',
-           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
-           'report_markdown', 'write_validation', 'add_cli']
+           'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
+           'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
+           'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
+           'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer',
+           'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers',
+           'chance_subsample', 'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary',
+           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
+           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
+           'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -160,9 +162,10 @@ def is_right(record: dict, pred, rel_tol: float = REL_TOL) -> bool:
     return math.isfinite(p) and abs(p - t) <= rel_tol * abs(t)
 
 def _guess(record: dict, seed: int, among: Sequence[int] | None = None) -> int:
-    "A deterministic stand-in for a coin: one of `among` (default: all four options), chosen by the qid's hash."
+    """A deterministic stand-in for a coin: one of `among` (default: all four options), chosen by a hash of what a blind
+    answerer sees (the question and its options, not the qid): a question and its counterfactual twin get the same."""
     among = list(range(len(record.get("options") or LETTERS))) if among is None else list(among)
-    return among[int(stable_hash([int(seed), record["qid"]]), 16) % len(among)]
+    return among[int(stable_hash([int(seed), record.get("question"), list(record.get("options") or [])]), 16) % len(among)]
 
 # %% ../nbs/24_validate.ipynb #9f601ae0
 _ROLES = ("a", "b", "ref")
@@ -367,7 +370,8 @@ class TextAnswerer:
 class AtlasAnswerer:
     """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
     With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
-    OTHER scans (never the question's own): the strongest atlas a set of scans allows, and no folds to pick."""
+    OTHER scans (never the question's own, nor any of its family: a counterfactual copy and its original,
+    `scan_family`): the strongest atlas a set of scans allows, and no folds to pick."""
     name = "atlas"
     needs_fit = True
 
@@ -386,7 +390,7 @@ class AtlasAnswerer:
     def _median(self, exclude) -> dict[str, Structure]:
         out = {}
         for n, by_scan in self._per.items():
-            ms = [m for s, m in by_scan.items() if s not in exclude]
+            ms = [m for s, m in by_scan.items() if scan_family(s) not in exclude]
             if not ms: continue
             med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
             c, e = med("bbox_center_mm"), med("extent_mm")
@@ -398,10 +402,10 @@ class AtlasAnswerer:
     def _evaluate(self, r: dict) -> dict | None:
         atlas = self.atlas
         if getattr(self, "loso", False):
-            key = tuple(sorted(set(r["scan_ids"])))
+            key = tuple(sorted({scan_family(s) for s in r.get("scan_ids") or [r["scan_id"]]}))
             if key not in self._cache: self._cache[key] = self._median(set(key))
             atlas = self._cache[key]
-        try: return evaluate(r, [atlas] * len(r["scan_ids"]))
+        try: return evaluate(r, [atlas] * len(r.get("scan_ids") or [r["scan_id"]]))
         except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
 
     def proba(self, r: dict) -> list[float] | None:
@@ -578,11 +582,12 @@ def _answer(a, records: Sequence[dict]) -> list[dict]:
 
 def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed: int = 0) -> dict[str, dict[str, dict]]:
     """Per qid and answerer, the blind answer `{"pred": letter or number, "proba": option probabilities or None}`,
-    from answerers trained on the scans of the other folds (`stats.cross_fit` by `scan_id`; answerers with `needs_fit`
-    False answer everything at once)."""
+    from answerers trained on the scans of the other folds (`stats.cross_fit` by scan family, `scan_family`: a
+    counterfactual copy goes with its original, so no answerer learns a twin's answer from the other member of its
+    pair; answerers with `needs_fit` False answer everything at once)."""
     out: dict[str, dict] = {r["qid"]: {} for r in records}
     for a in answerers:
-        if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), "scan_id", folds, seed)
+        if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), scan_family, folds, seed)
         else: got = _answer(a.fit(records) if getattr(a, "loso", False) else a, records)
         for r, e in zip(records, got): out[r["qid"]][a.name] = e
     return out
@@ -605,75 +610,210 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
     k = sum(is_right(record, e["pred"], rel_tol) for e in answered)
     return RULES[rule](k, len(answered)), f"{k} of {len(answered)} blind answerers right ({rule})"
 
+# %% ../nbs/24_validate.ipynb #2f73198a
+def expected_right(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> float:
+    """How often a blind answer `entry` (`pred`, `proba`) is right when its ties are broken by a fair coin: with option
+    probabilities, 1/m when the correct option is among the m most probable ones, else 0; without them, 1 or 0."""
+    if record["format"] == "mc" and entry.get("proba") is not None:
+        p = np.asarray(entry["proba"], float)
+        top = p.max() - p < 1e-12
+        return float(top[LETTERS.index(record["answer_letter"])]) / float(top.sum())
+    return float(is_right(record, entry.get("pred"), rel_tol))
+
+def blind_answers(records: Sequence[dict], answerers: Sequence, folds: int = 2, seeds: Sequence[int] = (0,),
+                  rel_tol: float = REL_TOL) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, float]]]:
+    """`(preds, right)`: the `cross_fit` answers on the first scan split of `seeds`, and per qid and answerer the
+    `expected_right` averaged over the cross-fits on every split of `seeds` (answerers that need no fitting, the
+    leave-one-out atlas among them, answer once): how often the answerer is right on the question, whatever the split
+    and the coin. A filter that keeps questions by these numbers cannot keep the ones that one split or one coin got
+    wrong by accident."""
+    seeds = list(seeds) or [0]
+    preds = cross_fit(records, answerers, folds, seeds[0])
+    right = {r["qid"]: {a: expected_right(r, e, rel_tol) for a, e in preds[r["qid"]].items()} for r in records}
+    learned = [a for a in answerers if getattr(a, "needs_fit", True)]
+    for s in seeds[1:]:
+        if not learned: break
+        more = cross_fit(records, learned, folds, s)
+        for r in records:
+            for a, e in more[r["qid"]].items(): right[r["qid"]][a] += expected_right(r, e, rel_tol)
+    for r in records:
+        for a in learned: right[r["qid"]][a.name] /= len(seeds)
+    return preds, right
+
 # %% ../nbs/24_validate.ipynb #43dead52
-CHANCE_TOL = 0.03    # `chance`: every filter answerer's accuracy per task ends within chance +- this
+CHANCE_TOL = 0.015   # `chance`: every filter answerer's accuracy per task ends within chance +- this
 CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
+CHANCE_SPLITS = 4    # ... each learned answerer cross-fitted on this many scan splits, its right answers averaged
+PROTECT_WEIGHT = 2.0 # ... the largest kept set counting a question about a protected (real) scan this many times
+FAMILY_CAP = 0.34    # ... and no scan family (a scan with its counterfactual copies) holding more than this share of a task
+
+def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]:
+    "(group id per record, distinct ids in order of first appearance); `groups`: ids, a function of a record, or None (each its own)."
+    if groups is None: gid = [str(r["qid"]) for r in records]
+    elif callable(groups): gid = [str(groups(r)) for r in records]
+    else: gid = [str(g) for g in groups]
+    if len(gid) != len(records): raise ValueError(f"{len(gid)} group ids for {len(records)} records")
+    return gid, list(dict.fromkeys(gid))
+
+def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray,
+              family: Sequence[str] | None = None, cap: float | None = None) -> np.ndarray | None:
+    """The largest (by `weight` x `size`) set of groups whose every answerer's accuracy, sum(G[kept]) / sum(size[kept]),
+    lies within `tol` of `chance`, no `family` (a scan with its copies) holding more than `cap` of the questions kept:
+    a 0/1 linear program (scipy's HiGHS); None when the solver finds nothing."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    up = G - (chance + tol) * size[:, None]                  # sum over kept groups <= 0: at most chance + tol
+    lo = (chance - tol) * size[:, None] - G                  # ... and at least chance - tol
+    rows = [up, lo]
+    if family is not None and cap is not None and cap < 1:
+        fam = np.asarray(family)
+        rows += [((fam == f).astype(float)[:, None] - cap) * size[:, None] for f in dict.fromkeys(family)]
+    res = milp(c=-(weight * size), constraints=LinearConstraint(np.hstack(rows).T, -np.inf, 1e-9),
+               integrality=np.ones(len(size)), bounds=Bounds(0, 1), options={"time_limit": 120, "mip_rel_gap": 1e-4})
+    return None if res.x is None else res.x > 0.5
 
 def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
-                     tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0) -> list[bool]:
+                     tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0,
+                     groups: Sequence[str] | Callable[[dict], str] | None = None,
+                     right: Mapping[str, Mapping[str, float]] | None = None, method: str = "ilp",
+                     protect_weight: float = PROTECT_WEIGHT, family_cap: float | None = FAMILY_CAP) -> list[bool]:
     """Which multiple-choice `records` (one task) to keep so that every answerer in `names` is right on about 1/k of
-    them (within `tol` of chance, neither above nor below): questions are dropped one at a time, each time the one
-    whose removal brings the answerers' accuracies closest to chance (`protect`ed ones, e.g. real scans, last;
-    ties by a seeded order). Removing what the blind answerers get right *and* what they get wrong, the kept set is
-    neither easy nor adversarial for them."""
+    them (within `tol` of chance, neither above nor below). How often an answerer is right on a question is
+    `right[qid][name]` when given (`blind_answers`: averaged over scan splits and coins), else `expected_right` of its
+    answer in `preds`. `method="ilp"`: the largest such set, questions about `protect`ed scans (real ones) counting
+    `protect_weight` times, no scan family holding more than `family_cap` of it (relaxed to a half, then to no limit,
+    when that leaves fewer than two questions per letter) (`_keep_ilp`); `"greedy"` (and the fallback when the solver fails): questions are dropped one
+    at a time, each time the one whose removal brings the answerers' accuracies closest to chance (protected ones last
+    among equally good ones; ties by a seeded order). Removing what the blind answerers get right *and* what they get
+    wrong, the kept set is neither easy nor adversarial for them. `groups` (ids per record or a function, e.g.
+    `spatialvqa.counterfactual.pair_key`: a question and its counterfactual twins) are kept or dropped as a whole."""
+    if method not in ("ilp", "greedy"): raise ValueError(f"method must be 'ilp' or 'greedy', got {method!r}")
     n = len(records)
     if n == 0 or not names: return [True] * n
     chance = np.array([1.0 / len(r["options"]) for r in records]).mean()
-    R = np.array([[float(is_right(r, (preds.get(r["qid"], {}).get(a) or {}).get("pred"))) for a in names] for r in records])
-    keep = np.ones(n, bool)
-    penalty = np.array([1e-6 if protect and protect(r) else 0.0 for r in records])
-    jitter = np.random.default_rng(seed).uniform(0, 1e-9, n)
+    def hit(r, a):
+        if right is not None and a in right.get(r["qid"], {}): return float(right[r["qid"]][a])
+        return expected_right(r, preds.get(r["qid"], {}).get(a) or {"pred": None, "proba": None})
+    R = np.array([[hit(r, a) for a in names] for r in records])
+    gid, keys = _group_index(records, groups)
+    at = {g: i for i, g in enumerate(keys)}
+    M = np.zeros((len(keys), n))
+    M[[at[g] for g in gid], np.arange(n)] = 1.0
+    G, size = M @ R, M.sum(1)                                # right answers and members per group
+    prot = M @ np.array([float(bool(protect and protect(r))) for r in records]) > 0
+    if method == "ilp":
+        first = {}
+        for i, g in enumerate(gid): first.setdefault(g, i)
+        fam = [scan_family(records[first[g]]) if records[first[g]].get("scan_id") else g for g in keys]
+        caps = [family_cap] if family_cap is None else list(dict.fromkeys([family_cap, *(c for c in (0.5, None) if c is None or c > family_cap)]))
+        for cap in caps:                 # a cap the task cannot meet with 2 questions per letter is relaxed: a half, then none
+            keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0), fam, cap)
+            if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
+            if cap is not None: get_logger(__name__).info("no kept set with at most %.0f%% of a task per scan family; relaxing", 100 * cap)
+        if keep is not None: return [bool(keep[at[g]]) for g in gid]
+        get_logger(__name__).warning("the linear program found no subset; dropping questions one at a time instead")
+    penalty = np.where(prot, 1e-6, 0.0)
+    jitter = np.random.default_rng(seed).uniform(0, 1e-9, len(keys))
+    keep = np.ones(len(keys), bool)
     cost = lambda acc: float(np.clip(np.abs(acc - chance) - tol, 0, None).sum())
-    while keep.sum() > 4:
-        k, S = keep.sum(), R[keep].sum(0)
+    while size[keep].sum() > 4:
+        k, S = size[keep].sum(), G[keep].sum(0)
         now = cost(S / k)
         if now == 0: break
-        new = np.clip(np.abs((S[None, :] - R) / (k - 1) - chance) - tol, 0, None).sum(1) + penalty + jitter
-        new[~keep] = np.inf
+        rest = k - size
+        with np.errstate(divide="ignore", invalid="ignore"):
+            new = np.clip(np.abs((S[None, :] - G) / rest[:, None] - chance) - tol, 0, None).sum(1) + penalty + jitter
+        new[~keep | (rest < 1)] = np.inf
         i = int(np.argmin(new))
         if new[i] >= now: break
         keep[i] = False
-    return keep.tolist()
+    return [bool(keep[at[g]]) for g in gid]
 
 def is_real(record: Mapping) -> bool:
     "True for a question about a real scan: a source that is neither the phantoms nor a counterfactual copy (`<name>+<kind>`)."
     src = str(record.get("source") or "phantom")
     return all(s != "phantom" and "+" not in s for s in src.split(","))
 
-def _swap_letters(r: dict, target: int) -> dict:
-    "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
+def _swap_positions(r: dict, i: int, j: int) -> dict:
+    "A copy of multiple-choice `r` with the options at positions `i` and `j` swapped (answer letter and blind letters follow)."
     r = copy.deepcopy(r)
-    i = LETTERS.index(r["answer_letter"])
-    if i == target: return r
+    if i == j: return r
     perm = list(range(len(r["options"])))
-    perm[i], perm[target] = perm[target], perm[i]
-    r["options"] = [r["options"][j] for j in perm]
-    if r.get("option_values"): r["option_values"] = [r["option_values"][j] for j in perm]
+    perm[i], perm[j] = perm[j], perm[i]
+    r["options"] = [r["options"][k] for k in perm]
+    if r.get("option_values"): r["option_values"] = [r["option_values"][k] for k in perm]
     if isinstance(r.get("spec"), dict) and len(r["spec"].get("options") or []) == len(perm):
-        r["spec"]["options"] = [r["spec"]["options"][j] for j in perm]
-    r["answer"] = r["answer_letter"] = LETTERS[target]
-    swap = {LETTERS[i]: LETTERS[target], LETTERS[target]: LETTERS[i]}
+        r["spec"]["options"] = [r["spec"]["options"][k] for k in perm]
+    swap = {LETTERS[i]: LETTERS[j], LETTERS[j]: LETTERS[i]}
+    r["answer"] = r["answer_letter"] = swap.get(r["answer_letter"], r["answer_letter"])
     if isinstance(r.get("blind"), dict):
         r["blind"] = {a: swap.get(p, p) if isinstance(p, str) else p for a, p in r["blind"].items()}
     return r
 
-def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None
-                    ) -> tuple[list[dict], list[dict]]:
-    """Exactly balanced correct letters per multiple-choice task: the task's count is cut to a multiple of four
-    (the surplus dropped, un`protect`ed ones first, by a seeded order), then each question's correct option is
-    swapped to its letter of a seeded, exactly balanced sequence. Returns (kept, dropped); numeric questions pass."""
+def _swap_letters(r: dict, target: int) -> dict:
+    "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
+    return _swap_positions(r, LETTERS.index(r["answer_letter"]), target)
+
+def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.ndarray, seed: int) -> list[int | None] | None:
+    """For each group, which of its option swaps to use (an index into `swaps[g]`, each the letter counts it gives), or
+    None to drop it: every letter the same count, as many questions kept as possible (`weight`: protected groups
+    count more; a seeded jitter picks among equally good choices). A 0/1 linear program; None when it fails."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    idx = [(g, t) for g, opts in enumerate(swaps) for t in range(len(opts))]
+    k = len(swaps[0][0]) if swaps else 0
+    nv = len(idx) + 1                                         # the choices, and the common count of every letter
+    jitter = np.random.default_rng(seed).uniform(0, 1e-3, len(idx))
+    c = np.zeros(nv); c[:-1] = -(np.array([weight[g] * size[g] for g, _ in idx]) + jitter)
+    one = np.zeros((len(swaps), nv))                          # at most one choice per group
+    for j, (g, _) in enumerate(idx): one[g, j] = 1
+    eq = np.zeros((k, nv))                                    # every letter: its count minus the common count = 0
+    for j, (g, t) in enumerate(idx): eq[:, j] = swaps[g][t]
+    eq[:, -1] = -1
+    res = milp(c=c, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0)], integrality=np.ones(nv),
+               bounds=Bounds(0, np.r_[np.ones(len(idx)), np.inf]), options={"time_limit": 120})
+    if res.x is None: return None
+    out: list[int | None] = [None] * len(swaps)
+    for j, (g, t) in enumerate(idx):
+        if res.x[j] > 0.5: out[g] = t
+    return out
+
+def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None,
+                    groups: Sequence[str] | Callable[[dict], str] | None = None) -> tuple[list[dict], list[dict]]:
+    """Exactly balanced correct letters per multiple-choice task: each question's correct option is swapped with the
+    option at another letter (or stays), so that every letter is correct equally often; questions are dropped only as
+    far as needed (as few as possible, un`protect`ed ones first). Returns (kept, dropped); numeric questions pass.
+    `groups` (e.g. `pair_key`): a question and its twins share their options, so each group gets one swap (the
+    original's correct option with the option at some letter, in every member; the twins' letters follow) and is kept
+    or dropped as a whole. The choice of swaps is a small 0/1 linear program (`_balance_ilp`, seeded)."""
     out, dropped = [], []
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         (by_task[r["task"]] if r["format"] == "mc" else out).append(r)
     for task, rs in by_task.items():
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stable_hash(task), 16)]))
-        order = sorted(range(len(rs)), key=lambda j: (bool(protect and protect(rs[j])), rng.random()))
-        surplus = set(order[:len(rs) % len(LETTERS)])
-        dropped += [rs[j] for j in sorted(surplus)]
-        keep = [r for j, r in enumerate(rs) if j not in surplus]
-        targets = rng.permutation(np.arange(len(keep)) % len(LETTERS))
-        out += [_swap_letters(r, int(t)) for r, t in zip(keep, targets)]
+        s = int(np.random.SeedSequence([int(seed), int(stable_hash(task), 16)]).generate_state(1)[0])
+        gid, keys = _group_index(rs, groups)
+        members = defaultdict(list)
+        for j, g in enumerate(gid): members[g].append(j)
+        k = len(LETTERS)
+        swaps, pairs_of = [], []
+        for g in keys:
+            js = members[g]
+            o = LETTERS.index(rs[next((j for j in js if not rs[j].get("pair_of")), js[0])]["answer_letter"])
+            idx = [LETTERS.index(rs[j]["answer_letter"]) for j in js]
+            opts = []
+            for t in range(k):
+                cnt = np.zeros(k)
+                for i in idx: cnt[t if i == o else o if i == t else i] += 1
+                opts.append(cnt)
+            swaps.append(opts); pairs_of.append(o)
+        size = np.array([len(members[g]) for g in keys], float)
+        weight = np.array([PROTECT_WEIGHT if protect and any(protect(rs[j]) for j in members[g]) else 1.0 for g in keys])
+        choice = _balance_ilp(swaps, size, weight, s)
+        if choice is None:
+            get_logger(__name__).warning("%s: the letters could not be balanced; kept as they are", task)
+            choice = [pairs_of[i] for i in range(len(keys))]
+        for g, t, o in zip(keys, choice, pairs_of):
+            if t is None: dropped += [rs[j] for j in members[g]]
+            else: out += [_swap_positions(rs[j], o, t) for j in members[g]]
     return out, dropped
 
 FILTERS = ("plausibility", "dedup", "triviality", "balance")
@@ -702,6 +842,30 @@ def filter_report(records: Sequence[dict], removed: Sequence[dict]) -> pd.DataFr
     df = pd.concat([df, pd.DataFrame([tot])], ignore_index=True)
     df["kept_share"] = (df["kept"] / df["questions"].where(df["questions"] > 0)).round(3)
     return df.astype({c: int for c in ["questions", *FILTERS, "kept"]})
+
+# %% ../nbs/24_validate.ipynb #12f6b780
+def _with_pairs(kept: Sequence[dict], removed: Sequence[dict], by: str) -> tuple[list[dict], list[dict]]:
+    "`kept` without the members of every pair group (`pair_key`) that lost one in `removed`, which `by` removes too."
+    gone = {}
+    for r in removed: gone.setdefault(pair_key(r), r)
+    out, more = [], []
+    for r in kept:
+        g = gone.get(pair_key(r))
+        if g is None: out.append(r)
+        else: more.append(_removed(r, by, f"removed with its pair {g['qid']}: {g['reason']}"))
+    return out, list(removed) + more
+
+def pair_summary(kept: Sequence[dict], records: Sequence[dict] = ()) -> dict:
+    """Counterfactual twins (records with `pair_of`) among `records` (before filtering) and `kept`: per task, the twins,
+    those whose answer flips and the originals they belong to; overall the same and the share of twins that flip."""
+    def count(rs):
+        tw = [r for r in rs if r.get("pair_of")]
+        by = {t: {"twins": sum(r["task"] == t for r in tw), "flipped": sum(bool(r.get("flipped")) for r in tw if r["task"] == t),
+                  "originals": len({r["pair_of"] for r in tw if r["task"] == t})} for t in TASKS}
+        fl = sum(bool(r.get("flipped")) for r in tw)
+        return {"twins": len(tw), "flipped": fl, "flip_share": round(fl / len(tw), 4) if tw else None,
+                "originals": len({r["pair_of"] for r in tw}), "by_task": by}
+    return {"before": count(records), "kept": count(kept)}
 
 # %% ../nbs/24_validate.ipynb #e34a1240
 def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = REL_TOL,
@@ -737,10 +901,12 @@ def blind_by_task(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapp
 
 def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prior", "text", "atlas"), folds: int = 2,
                 seed: int = 0, rel_tol: float = REL_TOL) -> dict:
-    """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan): do the
-    questions of a set still carry shortcuts that a blind answerer can learn from that set?"""
+    """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan), and the same
+    per task (`by_task`, `blind_by_task`): do the questions of a set still carry shortcuts that a blind answerer can
+    learn from that set?"""
     if not records: return {}
-    return blind_accuracy(records, cross_fit(records, make_answerers(answerers, seed=seed), folds, seed), rel_tol, pooled=False)
+    preds = cross_fit(records, make_answerers(answerers, seed=seed), folds, seed)
+    return {**blind_accuracy(records, preds, rel_tol, pooled=False), "by_task": blind_by_task(records, preds, rel_tol)}
 
 # %% ../nbs/24_validate.ipynb #2273e820
 def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, scans: pd.DataFrame | None = None, *,
@@ -749,13 +915,18 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
              answerers: str | Sequence[str] = ("prior", "text"), llm=None, rule: str = "soft_majority",
              folds: int = 2, seed: int = 0, rel_tol: float = REL_TOL,
              audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
-             protect: Callable[[dict], bool] | None = None) -> Validation:
+             protect: Callable[[dict], bool] | None = None, splits: int = CHANCE_SPLITS, tol: float = CHANCE_TOL,
+             method: str = "ilp", family_cap: float | None = FAMILY_CAP, protect_weight: float = PROTECT_WEIGHT) -> Validation:
     """Filter a Track A benchmark: plausibility (`structure_problems`), near-duplicates (`dedup`), then triviality
     (blind `answerers` plus LLMs in `llm`, cross-fitted over `folds` scan folds; a question is removed when its
     votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
-    answerer is right at chance, `chance_subsample`, `protect`ed ones last), then, with `balance`, the correct letters
+    answerer is right at chance within `tol`, `chance_subsample` with `method`, by how often each answerer is right on
+    a question over `splits` scan splits (seeds `seed` ... `seed + splits - 1`) and coins, `blind_answers`; `protect`ed
+    ones counting `protect_weight` times, no scan family more than `family_cap` of a task), then, with `balance`, the correct letters
     are balanced exactly per task (`balance_letters`). `audit`: answerers re-trained within the kept and within the removed questions, on a
-    fresh scan split, to report what shortcuts remain (None: no audit). Returns a `Validation`."""
+    fresh scan split (seed `seed + splits`, never used to filter; two more fresh seeds on the kept questions in
+    `audit.more_seeds`), to report what shortcuts remain (None: no audit). A question and its counterfactual twins
+    (`pair_key`) are kept or removed together by every filter, and share their letter swap. Returns a `Validation`."""
     log = get_logger(__name__)
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     records = list(records)
@@ -764,42 +935,59 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     removed: list[dict] = []
     pool = records
     if plausible:
-        pool, rm = plausibility(pool, structures, scans, min_voxels, ranges, border, max_components)
+        pool, rm = _with_pairs(*plausibility(pool, structures, scans, min_voxels, ranges, border, max_components), "plausibility")
         removed += rm
     if dedup_threshold is not None:
-        pool, rm = dedup(pool, dedup_threshold)
+        pool, rm = _with_pairs(*dedup(pool, dedup_threshold), "dedup")
         removed += rm
     ans = make_answerers(answerers, llm, seed)
-    preds = cross_fit(pool, ans, folds, seed) if ans and pool else {r["qid"]: {} for r in pool}
+    seeds = [seed + k for k in range(max(1, int(splits)))] if rule == "chance" else [seed]
+    preds, right = blind_answers(pool, ans, folds, seeds, rel_tol) if ans and pool else ({r["qid"]: {} for r in pool}, {})
     kept = []
     drop_mc: dict[str, str] = {}
     if rule == "chance" and ans:
         # rounds: the answerers learn (and the atlas takes its medians) from the questions still in the set, so
-        # after each subsample they are fitted again on what is left, until nothing more is dropped
-        names, live = [a.name for a in ans], list(pool)
+        # after each subsample they are fitted again on what is left, until nothing more is dropped; a later round
+        # that would leave a task fewer than two questions per letter is not applied to it (the task stays as it was:
+        # without that, DIR on the real scans went in the test cohort; the refitted answerers are then reported on it)
+        names, live, settled = [a.name for a in ans], list(pool), set()
         for rnd in range(CHANCE_ROUNDS):
-            now = cross_fit(live, ans, folds, seed) if rnd else preds
-            preds.update(now)
+            if rnd:
+                now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
+                preds.update(now); right.update(now_right)
             dropped = 0
             for t in MC_TASKS:
                 rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
-                for r, k in zip(rs, chance_subsample(rs, now, names, protect=protect, seed=seed)):
+                if t in settled or not rs: continue
+                keep = chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key, right=right,
+                                        method=method, protect_weight=protect_weight, family_cap=family_cap)
+                if rnd and sum(keep) < 2 * len(LETTERS) <= len(rs):
+                    settled.add(t); continue
+                for r, k in zip(rs, keep):
                     if not k:
                         drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
                         dropped += 1
             live = [r for r in live if r["qid"] not in drop_mc]
             if not dropped: break
+    decided = {}
+    for r in pool:
+        if rule == "chance" and r["format"] == "mc": decided[r["qid"]] = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
+        else: decided[r["qid"]] = trivial(r, preds[r["qid"]], rule, rel_tol)
+    lost = {}                                                    # a pair goes as a whole: the first member dropped
+    for r in pool:
+        if decided[r["qid"]][0]: lost.setdefault(pair_key(r), r["qid"])
     for r in pool:
         e = preds[r["qid"]]
-        if rule == "chance" and r["format"] == "mc": drop, why = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
-        else: drop, why = trivial(r, e, rule, rel_tol)
+        drop, why = decided[r["qid"]]
+        if not drop and pair_key(r) in lost:
+            drop, why = True, f"removed with its pair {lost[pair_key(r)]}: {decided[lost[pair_key(r)]][1]}"
         extra = {"blind": {a: x["pred"] for a, x in e.items()},
                  "blind_vote": {a: round(vote(r, x, rel_tol), 4) for a, x in e.items() if x["pred"] is not None},
                  "blind_right": sum(is_right(r, x["pred"], rel_tol) for x in e.values())}
         if drop: removed.append(_removed(r, "triviality", why, **extra))
         else: kept.append({**r, **extra})
     if balance:
-        kept, surplus = balance_letters(kept, seed, protect)
+        kept, surplus = balance_letters(kept, seed, protect, groups=pair_key)
         removed += [_removed(r, "balance", "surplus over a multiple of four in its task (exact letter balance)") for r in surplus]
         pos = {r["qid"]: i for i, r in enumerate(pool)}
         kept.sort(key=lambda r: pos[r["qid"]])
@@ -815,19 +1003,30 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         "per_task": {row["task"]: {k: row[k] for k in ["questions", *FILTERS, "kept"]} for _, row in report.iterrows()},
         "settings": {"plausible": plausible, "min_voxels": min_voxels, "ranges": ranges, "border": border,
                      "max_components": max_components, "dedup_threshold": dedup_threshold,
-                     "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol},
+                     "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol,
+                     "split_seeds": seeds, "tol": tol, "method": method, "family_cap": family_cap,
+                     "protect_weight": protect_weight},
         "blind": {"chance_mc": 0.25,
                   "kept": blind_accuracy(kept, after, rel_tol) if ans else {},
                   "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
                   "before_by_task": blind_by_task(pool, preds, rel_tol) if ans else {},
-                  "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {}},
+                  "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {},
+                  "expected_after_by_task": {t: {a: round(float(np.mean([right[r["qid"]][a] for r in kept if r["task"] == t])), 4)
+                                                 for a in (x.name for x in ans)} for t in MC_TASKS
+                                             if any(r["task"] == t and r["format"] == "mc" for r in kept)} if ans else {}},
+        "pairs": pair_summary(kept, records),
+        "families_by_task": {t: {"families": len(c), "max_share": round(max(c.values()) / sum(c.values()), 4)}
+                             for t in TASKS if (c := Counter(scan_family(r) for r in kept if r["task"] == t))},
     }
     if audit:
-        # a fresh split (seed + 1): with the filter's own split, the audit's answerers would be near copies of the
-        # filter's and wrong on the kept questions by construction
-        summary["audit"] = {"answerers": list(audit.split(",") if isinstance(audit, str) else audit), "seed": seed + 1,
-                            "kept": blind_audit(kept, audit, folds, seed + 1, rel_tol),
-                            "removed": blind_audit(trivial_removed, audit, folds, seed + 1, rel_tol)}
+        # fresh splits (seeds after the filter's): with a filter's own split, the audit's answerers would be near copies
+        # of the filter's and wrong on the kept questions by construction
+        fresh = seeds[-1] + 1
+        summary["audit"] = {"answerers": list(audit.split(",") if isinstance(audit, str) else audit), "seed": fresh,
+                            "kept": blind_audit(kept, audit, folds, fresh, rel_tol),
+                            "removed": blind_audit(trivial_removed, audit, folds, fresh, rel_tol),
+                            "more_seeds": {str(s): {a: v["accuracy"] for a, v in blind_audit(kept, audit, folds, s, rel_tol)
+                                                    .get("mc", {}).items()} for s in (fresh + 1, fresh + 2)}}
     log.info("validated %d questions: kept %d, removed %s", len(records), len(kept), summary["removed_by"])
     return Validation(kept, removed, report, summary)
 

@@ -330,7 +330,7 @@ def test_pair_accuracy_oracle_and_prior(written):
     key = lambda q: truth[q]["answer_letter"]
     oracle = frame.assign(correct=True)
     # the strongest prior-only answerer: it knows the original's answer and gives it to the same question text
-    prior = frame.assign(correct=[key(q) == key(truth[q].get("pair_of", q)) for q in frame.qid])
+    prior = frame.assign(correct=[key(q) == key(truth[q].get("pair_of") or q) for q in frame.qid])
     res = CF.pair_accuracy(pd.concat([oracle.assign(model="oracle"), prior.assign(model="prior")]), by="model")
     assert res.loc["oracle", "pair_accuracy"] == 1.0 and res.loc["oracle", "flip_pair_accuracy"] == 1.0
     assert res.loc["prior", "flip_pair_accuracy"] == 0.0
@@ -395,3 +395,44 @@ def test_stage_writes_what_dvc_declares(tmp_path, ts_scan):
     assert summary["resize_max_volume_error"] <= 0.1
     t, s, bad = measure_manifests([dirs["data/counterfactual"] / "scans.json"], workers=0)
     assert bad == [] and set(s.scan_id) == {e["scan_id"] for e in man}
+
+
+def test_generate_stage_pairs(tmp_path, written):
+    """The generate stage, run as DVC runs it on originals and copies measured together: questions about the originals
+    only, each followed by its twins; far more twins flip than without `focus_share`/`flip_share`; every answer of
+    twins and originals re-derived from the label maps (verify)."""
+    import subprocess, sys, yaml
+    from spatialvqa.core import read_jsonl
+    from spatialvqa.questions import parse_budget
+    root = Path(__file__).resolve().parents[1]
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["generate"]
+    assert "spatialvqa/counterfactual.py" in stage["deps"] and "results/benchmark/pairs.csv" in stage["outs"]
+    d = written["dir"]
+    tab, sc, _ = measure_manifests([d / "orig" / "scans.json", d / "cf" / "scans.json"], workers=0)
+    tab.to_parquet(tmp_path / "structures.parquet"); sc.to_parquet(tmp_path / "scans.parquet")
+    out = {k: tmp_path / k for k in ("bench", "results", "figures")}
+    args = ["-p", "structures", str(tmp_path / "structures.parquet"), "-p", "scans", str(tmp_path / "scans.parquet"),
+            "-p", "per_scan", "DIR:8,DIST:8,EXT:6,VOL:6,COMP:6,VOLEST:3", "-p", "per_source", "",
+            "-p", "out", str(out["bench"]), "-p", "results", str(out["results"]), "-p", "figures", str(out["figures"])]
+    r = subprocess.run([sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(root), "--log-level",
+                        "WARNING", "--no-progress-bar", str(root / stage["deps"][0]), str(tmp_path / "executed.ipynb"), *args],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = read_jsonl(out["bench"] / "questions.jsonl")
+    copies = {e["scan_id"]: e for e in written["entries"]}
+    originals = [x for x in recs if x["pair_of"] is None]
+    assert {x["scan_id"] for x in originals} == {"cf_test", "s0001"}          # nothing is asked about a copy directly
+    last = None
+    for x in recs:                                                             # twins right after their original
+        if x["pair_of"] is None: last = x["qid"]; continue
+        assert x["pair_of"] == last and x["qid"] == f"{last}~{x['counterfactual']}" and x["scan_id"] in copies
+        assert x["source"] == copies[x["scan_id"]]["source"] and CF.scan_family(x) == copies[x["scan_id"]]["original"]
+    twins = [x for x in recs if x["pair_of"]]
+    share = np.mean([x["flipped"] for x in twins])
+    before = np.mean([p["flipped"] for p in written["pairs"]])                 # the same copies, focus on the target only
+    s = read_json(out["results"] / "summary.json")
+    pairs = pd.read_csv(out["results"] / "pairs.csv")
+    print(f"{len(originals)} originals, {len(twins)} twins, {share:.0%} flip (without flip_share: {before:.0%})")
+    assert s["verified"] and s["twins"] == len(twins) and s["flipped_twins"] == int(pairs.flipped.sum()) == sum(x["flipped"] for x in twins)
+    assert share >= max(0.25, 2 * before)
+    assert {x["counterfactual"] for x in twins if x["flipped"]} == {"mirror", "resize"}

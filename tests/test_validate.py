@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from spatialvqa import validate as V
+from spatialvqa.counterfactual import pair_key, scan_family
 from spatialvqa.anatomy import reference_range
 from spatialvqa.stats import cohen_kappa, fleiss_kappa, group_folds
 from spatialvqa.core import load_params, read_jsonl
@@ -82,7 +83,14 @@ def test_filter_report_counts_add_up(bench, val):
     assert all(r["removed_by"] in V.FILTERS and r["reason"] for r in val.removed)
     assert all(set(r["blind"]) == {"prior", "text"} for r in val.kept)
     assert all(np.mean(list(r["blind_vote"].values())) < V.SOFT_MAJORITY for r in val.kept)      # soft majority
-    assert all(np.mean(list(r["blind_vote"].values())) >= V.SOFT_MAJORITY for r in val.removed if r["removed_by"] == "triviality")
+    assert all(np.mean(list(r["blind_vote"].values())) >= V.SOFT_MAJORITY for r in val.removed
+               if r["removed_by"] == "triviality" and not r["reason"].startswith("removed with its pair"))
+    # a question and its counterfactual twins are kept or removed together
+    fate = {}
+    for r in val.kept: fate.setdefault(pair_key(r), set()).add(True)
+    for r in val.removed: fate.setdefault(pair_key(r), set()).add(False)
+    assert all(len(v) == 1 for v in fate.values())
+    assert sum(bool(r.get("pair_of")) for r in recs) == 0 or any(r.get("pair_of") for r in val.kept)
     assert all(0 <= r["blind_right"] <= 2 for r in val.kept)
     assert val.summary["removed_by"] == {f: rep.loc["all", f] for f in V.FILTERS}
     assert [r["qid"] for r in val.kept] == [r["qid"] for r in recs if r["qid"] in kept]      # input order kept
@@ -104,12 +112,12 @@ class _Spy:
     def __init__(self): self.calls = []
 
     def fit(self, records):
-        self.train = {r["scan_id"] for r in records}
+        self.train = {scan_family(r) for r in records}
         return self
 
     def predict(self, records):
-        test = {r["scan_id"] for r in records}
-        assert not test & self.train, "a blind answerer saw the scan it answers about"
+        test = {scan_family(r) for r in records}      # a counterfactual copy counts as its original scan
+        assert not test & self.train, "a blind answerer saw the scan (or its counterfactual copy) it answers about"
         self.calls.append((self.train, test))
         return ["A" if r["format"] == "mc" else None for r in records]
 
@@ -119,7 +127,7 @@ def test_cross_fitting_never_trains_on_the_scan_it_answers(bench):
     spy = _Spy()
     preds = V.cross_fit(recs, [spy], folds=3, seed=4)
     assert len(spy.calls) == 3
-    assert set().union(*(t for _, t in spy.calls)) == {r["scan_id"] for r in recs}
+    assert set().union(*(t for _, t in spy.calls)) == {scan_family(r) for r in recs}
     assert all(preds[r["qid"]]["spy"] == {"pred": "A" if r["format"] == "mc" else None, "proba": None} for r in recs)
     folds = group_folds([r["scan_id"] for r in recs], 2, seed=0)
     assert abs(Counter(folds.values())[0] - Counter(folds.values())[1]) <= 1
@@ -273,7 +281,7 @@ class _FakeLLM:
 
 
 def test_llm_specialists_vote(bench):
-    scans = list(dict.fromkeys(r["scan_id"] for r in bench["recs"]))[:2]    # cross-fitting needs two scans
+    scans = list(dict.fromkeys(scan_family(r) for r in bench["recs"]))[:2]  # cross-fitting needs two scans (families)
     recs = [r for s in scans for r in [x for x in bench["recs"] if x["scan_id"] == s][:30]]
     fake = _FakeLLM()
     ans = V.make_answerers("prior", llm=[fake])

@@ -1,6 +1,7 @@
 """Acceptance of issue 9 on a small benchmark built here from the library (no pipeline output needed): the real
-TotalSegmentator and pyradiomics scans of the shared data plus a few phantoms are converted, measured, asked about
-and validated exactly as the generate/validate stages do; then the validated set is attacked.
+TotalSegmentator and pyradiomics scans of the shared data plus a few phantoms are converted, given counterfactual
+copies (mirrored, resized), measured, asked about (each question with its twins on the copies) and validated exactly
+as the counterfactual/generate/validate stages do; then the validated set is attacked.
 
 - every validated answer key agrees with an independent measurement (SimpleITK on the written label maps, cropped to
   the region a question states; not spatialvqa.measure);
@@ -8,7 +9,8 @@ and validated exactly as the generate/validate stages do; then the validated set
   validated multiple-choice questions, a textbook volume table no more than chance + 10 on VOL and COMP;
 - every blind answerer reported as a baseline (answerers re-trained on a fresh scan split, and the ones that need no
   training) has a 95 % interval that covers chance;
-- at least 25 % of the validated questions come from real scans, with DIR, DIST and COMP among them;
+- at least 25 % of the validated questions come from real scans (the twins on copies count in the denominator, never
+  as real), with DIR, DIST and COMP among them; flipping pairs survive the filter with their originals;
 - letters are exactly balanced per task."""
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import SimpleITK as sitk
 
 from spatialvqa import questions as Q
 from spatialvqa import validate as V
+from spatialvqa import counterfactual as CF
 from spatialvqa.anatomy import typical_volume
 from spatialvqa.convert import convert_datasets
 from spatialvqa.core import load_params, shared_data
@@ -44,14 +47,28 @@ def bench(tmp_path_factory):
                 {"name": "pyradiomics", "kind": "pyradiomics", "path": str(shared_data("real-ct", "pyradiomics"))},
                 {"name": "phantom", "kind": "phantom", "path": str(tmp / "phantom")}]
     convert_datasets(datasets, tmp / "scans", workers=0)
-    structures, scans, rejected = measure_manifests(tmp / "scans" / "scans.json", components=False, workers=0)
+    # the counterfactual stage: copies of the real scans and of two phantoms, measured with the originals
+    cf = load_params("counterfactual", ROOT / "params.yaml")
+    copies, bad = CF.make_counterfactuals(tmp / "scans" / "scans.json", tmp / "cf", kinds=cf["kinds"].split(","),
+                                          factors=[float(f) for f in str(cf["factors"]).split(",")], phantoms=2,
+                                          seed=int(cf["seed"]), about=cf["about"], prefer=cf["prefer"].split(","),
+                                          max_loss=float(cf["max_loss"]), workers=0)
+    structures, scans, rejected = measure_manifests([tmp / "scans" / "scans.json", tmp / "cf" / "scans.json"],
+                                                    components=False, workers=0)
     assert not rejected, rejected
+    # the generate stage: questions about the originals, what the copies change in focus, each with its twins
     gen = load_params("generate", ROOT / "params.yaml")
-    recs = Q.generate_questions(structures, seed=0, per_scan=Q.parse_budget(gen["per_scan"]), scans=scans,
-                                per_source=gen["per_source"])
+    st, sc, cst, csc = CF.split_copies(structures, scans)
+    orig = Q.generate_questions(st, seed=0, per_scan=Q.parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
+                                focus=CF.pair_focus(csc, st), focus_share=float(gen["focus_share"]),
+                                accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]))
+    twins, _ = CF.pair_questions(orig, cst, csc, originals=st)
+    by = defaultdict(list)
+    for t in twins: by[t["pair_of"]].append(t)
+    recs = [x for r in orig for x in (r, *by[r["qid"]])]
     val = V.validate(recs, structures, scans, answerers="prior,text,atlas,textbook,name_cue", rule="chance",
                      protect=V.is_real, audit="prior,text,atlas", seed=0)
-    return {"recs": recs, "kept": val.kept, "val": val, "scans": scans}
+    return {"recs": recs, "kept": val.kept, "val": val, "scans": scans, "copies": copies}
 
 
 # ---------------------------------------------------------------- SimpleITK: the independent measurement
@@ -112,12 +129,14 @@ def test_answer_keys_agree_with_simpleitk(bench):
 
 # ---------------------------------------------------------------- blind attacks
 def _atlas(kept, exclude):
-    per = defaultdict(list)
+    "Median anatomy of the scans outside the families `exclude` (a counterfactual copy is its original's family)."
+    per = defaultdict(dict)
     for r in kept:
         for m in r["measurements"]["structures"]:
-            if m["scan_id"] not in exclude: per[m["name"]].append(m)
+            if CF.scan_family(m["scan_id"]) not in exclude: per[m["name"]][m["scan_id"]] = m
     out = {}
-    for n, ms in per.items():
+    for n, by_scan in per.items():
+        ms = list(by_scan.values())
         med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
         c, e = med("bbox_center_mm"), med("extent_mm")
         out[n] = Structure(0, n, int(med("voxels")), float(med("volume_ml")), tuple(med("centroid_mm")), tuple(c - e / 2), tuple(c + e / 2))
@@ -133,7 +152,7 @@ def test_loso_atlas_near_chance(bench):
     hits = []
     for r in mc:
         try:
-            ev = Q.evaluate(r, [_atlas(bench["kept"], set(r["scan_ids"]))] * len(r["scan_ids"]))
+            ev = Q.evaluate(r, [_atlas(bench["kept"], {CF.scan_family(s) for s in r["scan_ids"]})] * len(r["scan_ids"]))
             good = [i for i, t in enumerate(ev["truth"]) if t is True] or [i for i, t in enumerate(ev["truth"]) if t is None]
             pred = "ABCD"[good[0]] if good else _guess(r)
         except (KeyError, ZeroDivisionError, ValueError, TypeError):
@@ -184,11 +203,39 @@ def test_blind_baselines_cover_chance(bench):
         lo, hi = v["ci95"]
         print(f"{name} (fresh split, kept set): {v['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]")
         assert lo <= CHANCE <= hi, name
-    # and the filter's own answerers, per task, are at chance within their 95 % interval: neither above nor below
+    # per task too (the answer prior alone once scored 38.6 % [30.3, 46.2] on DIST with a split the filter had not used):
+    # within a Bonferroni interval over the 15 task x answerer cells (z = 2.94), not 95 % each, which one in 20 misses
+    for task, d in bench["val"].summary["audit"]["kept"]["by_task"].items():
+        if d["chance"] is None: continue
+        for name, v in d["answerers"].items():
+            assert abs(v["accuracy"] - CHANCE) <= 2.94 * math.sqrt(CHANCE * (1 - CHANCE) / v["n"]), (task, name, v)
+    # and on two more fresh splits: a filter fitted to one split's accidents would leave others above chance; within
+    # the same Bonferroni bound on all kept multiple-choice questions (z = 2.94: 6.6 points at n = 372), not a fixed
+    # 6 points whatever n (the 2-fold atlas of a 9-family cohort is built from ~4 families, and varies with the split)
+    n_mc = audit["prior"]["n"]
+    for s, accs in bench["val"].summary["audit"]["more_seeds"].items():
+        for name, acc in accs.items():
+            print(f"{name} (fresh split {s}): {acc:.3f} (n = {n_mc})")
+            assert abs(acc - CHANCE) <= 2.94 * math.sqrt(CHANCE * (1 - CHANCE) / n_mc), (s, name, acc)
+    # and the filter's own answerers, per task, are at chance: neither above nor below, within the same Bonferroni
+    # bound over the 25 task x answerer cells (95 % each would miss about one cell per run by chance alone; on a task
+    # that a later round left as it was, `settled` in validate, the refitted answerers are off by more than noise)
     for task, d in bench["val"].summary["blind"]["after_by_task"].items():
         if d["chance"] is None: continue
         for name, v in d["answerers"].items():
-            assert v["ci95"][0] <= CHANCE <= v["ci95"][1], (task, name, v)
+            print(f"{name} (filter's own, {task}): {v['accuracy']:.3f} of {v['n']}")
+            assert abs(v["accuracy"] - CHANCE) <= 2.94 * math.sqrt(CHANCE * (1 - CHANCE) / v["n"]), (task, name, v)
+
+
+def test_filter_counts_expected_accuracy(bench):
+    """The filter holds how often each answerer is right over its splits and coins (ties count 1/m) within chance +-
+    tol on every task, not one split's hard answers; the splits it used are never the audit's."""
+    s = bench["val"].summary
+    assert s["audit"]["seed"] not in s["settings"]["split_seeds"] and len(s["settings"]["split_seeds"]) >= 2
+    for task, accs in s["blind"]["expected_after_by_task"].items():
+        n = sum(r["task"] == task for r in bench["kept"])
+        for name, acc in accs.items():
+            assert abs(acc - CHANCE) <= s["settings"]["tol"] + 2 / n, (task, name, acc, n)   # balancing drops a group or two
 
 
 def test_real_share_and_tasks(bench):
@@ -200,7 +247,31 @@ def test_real_share_and_tasks(bench):
     assert {r["task"] for r in kept} == set(Q.TASKS)
 
 
+def test_pairs_kept_whole_and_flipping(bench):
+    "Twins are kept with their originals (never alone), on copies that exist, and some of the kept pairs flip."
+    kept = {r["qid"]: r for r in bench["kept"]}
+    twins = [r for r in kept.values() if r["pair_of"]]
+    assert twins and all(t["pair_of"] in kept for t in twins)
+    assert {t["scan_id"] for t in twins} <= {c["scan_id"] for c in bench["copies"]}
+    flips = [t for t in twins if t["flipped"] and t["format"] == "mc"]
+    print(f"{len(twins)} twins kept, {len(flips)} multiple-choice twins flip")
+    assert len(flips) >= 10
+    for t in flips: assert t["answer_letter"] != kept[t["pair_of"]]["answer_letter"]
+    for t in twins: assert (t["question"], t["options"]) == (kept[t["pair_of"]]["question"], kept[t["pair_of"]]["options"])
+
+
+def test_no_task_rests_on_one_or_two_scans(bench):
+    "The family cap: every task's kept questions come from at least three scan families (a scan with its copies)."
+    fams = bench["val"].summary["families_by_task"]
+    print(fams)
+    assert set(fams) == set(Q.TASKS)
+    for t, f in fams.items():
+        assert f["families"] >= 3, (t, f)
+        assert f["max_share"] <= 0.5, (t, f)
+
+
 def test_exact_letter_balance(bench):
     counts = Counter((r["task"], r["answer_letter"]) for r in bench["kept"] if r["format"] == "mc")
     for t in Q.MC_TASKS:
         assert len({counts[(t, l)] for l in Q.LETTERS}) == 1, (t, [counts[(t, l)] for l in Q.LETTERS])
+
