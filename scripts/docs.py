@@ -205,9 +205,19 @@ def pipeline_page(out: Path) -> None:
         "## Stages\n\n| stage | description (from `dvc.yaml`) |\n|---|---|\n" + "\n".join(rows) + "\n")
 
 
+def _demote(md: str, by: int) -> str:
+    "Markdown with its headings `by` levels deeper (outside code fences), to sit under the page's own headings."
+    out, fence = [], False
+    for line in md.splitlines():
+        if line.lstrip().startswith("```"): fence = not fence
+        elif not fence and re.match(r"#{1,5}\s", line): line = "#" * by + line
+        out.append(line)
+    return "\n".join(out)
+
+
 def _table_section(path: Path, level: str = "##") -> str:
-    "A committed Markdown table, under a heading naming its file."
-    return f"{level} `{path.relative_to(ROOT)}`\n\n{path.read_text().strip()}\n\n"
+    "A committed Markdown table, under a heading naming its file (its own headings below that one)."
+    return f"{level} `{path.relative_to(ROOT)}`\n\n{_demote(path.read_text().strip(), len(level))}\n\n"
 
 
 def _csv_table(path: Path, max_rows: int = 40) -> str:
@@ -256,7 +266,7 @@ def results_pages(out: Path) -> None:
     a = ["# Results: Track A (mask-grounded questions)\n\n",
          "Read from the committed `results/tables/` and `figures/track_a/` (written by the `tables` and `figures` "
          "stages; the site build runs no stage). Intervals are 95% scan-bootstrap intervals.\n\n",
-         "## Table 2: accuracy per task\n\n", (tables / "table2.md").read_text().strip(), "\n\n"]
+         "## Table 2: accuracy per task\n\n", _demote((tables / "table2.md").read_text().strip(), 2), "\n\n"]
     for p in sorted(tables.glob("*.md")):
         if p.name != "table2.md": a.append(_table_section(p))
     a.append("## Figures\n\n")

@@ -103,6 +103,8 @@ def test_every_notebook_has_a_page_and_links_resolve(site):
     # results pages: Table 2, the CT-SpatialVQA tables, and every committed figure as an image
     res_a = (site / "results_track_a.html").read_text()
     assert "Table 2" in res_a and "<table" in res_a
+    # the tables' own headings sit under the page's: one h1 per page, and the figures section is a section
+    assert res_a.count("<h1") == 1 and 'id="figures"' in res_a
     res_b = (site / "results_ctsvqa.html").read_text()
     assert "results/ctsvqa/jury_ci.md" in res_b and res_b.count("<table") >= 10
     for png in sorted((ROOT / "figures").rglob("*.png")):
