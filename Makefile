@@ -10,12 +10,12 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro test check nbtest pytest pytest-slow bench readme interop
+.PHONY: setup repro test check nbtest pytest pytest-slow bench readme interop docs
 
 setup: $(VENV)/.setup-done
 
 # torch==2.13.0 goes in first: any later torch requirement is then already met by the CPU wheel.
-$(VENV)/.setup-done: pyproject.toml scripts/setup_wordnet.sh
+$(VENV)/.setup-done: pyproject.toml scripts/setup_wordnet.sh scripts/setup_docs.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
@@ -23,6 +23,8 @@ $(VENV)/.setup-done: pyproject.toml scripts/setup_wordnet.sh
 	$(PY) -m pip install -q --no-deps "totalsegmentator==2.18.0"
 	$(PY) -m ipykernel install --sys-prefix --name spatialvqa --display-name "Python (spatialvqa)" >/dev/null
 	bash scripts/setup_wordnet.sh
+	# Debian's graphviz (the DAG on the docs' pipeline page) and chromium (the docs' browser test)
+	bash scripts/setup_docs.sh
 	touch $@
 
 # The main job: the whole pipeline on the embedded default data, then proof that it is up to date.
@@ -72,3 +74,8 @@ $(INTEROP_VENV)/.interop-done:
 
 interop: $(INTEROP_VENV)/.interop-done
 	$(INTEROP_VENV)/bin/python interop/run_lmms_eval.py --export data/export
+
+# The documentation site from nbs/ into _site/ (open _site/index.html), offline: MkDocs + mkdocs-jupyter, the library
+# notebooks executed as nbdev-test runs them (cached in .cache/docs), results read from the committed files.
+docs: setup
+	$(PY) scripts/docs.py --out _site
