@@ -129,7 +129,7 @@ def chance_adjusted(accuracy, chance=0.25):
 
 def outcome(scored: pd.DataFrame, strict: bool = True, column: str = "correct") -> np.ndarray:
     "Per-question 0/1 (or MRA) values: unread answers 0 when `strict`, NaN when lenient."
-    v = pd.to_numeric(scored[column].map(lambda x: np.nan if x is None else float(x)), errors="coerce").to_numpy(float)
+    v = pd.to_numeric(scored[column].map(lambda x: np.nan if x is None or pd.isna(x) else float(x)), errors="coerce").to_numpy(float)
     return np.where(np.isnan(v), 0.0, v) if strict else v
 
 def _groups(scored: pd.DataFrame, by):

@@ -209,3 +209,16 @@ def test_failure_sheet_roundtrip(tmp_path, recs):
     assert (tmp_path / "f.png").stat().st_size > 1000
     import matplotlib.pyplot as plt
     plt.close(fig)
+
+
+def test_outcome_reads_nullable_columns_from_parquet(tmp_path):
+    """Scores read back from parquet carry pandas' nullable types (pd.NA for an unread answer): `outcome` takes them
+    as it takes None (the export stage's rescoring met one after the counterfactual pairs added nullable columns)."""
+    import numpy as np
+    import pandas as pd
+    from spatialvqa.scoring import outcome
+    df = pd.DataFrame({"correct": pd.array([True, None, False], dtype="boolean"), "mra": pd.array([0.5, None, 1.0], dtype="Float64")})
+    df.to_parquet(tmp_path / "s.parquet")
+    back = pd.read_parquet(tmp_path / "s.parquet")
+    assert outcome(back).tolist() == [1.0, 0.0, 0.0]
+    assert np.isnan(outcome(back, strict=False)[1]) and outcome(back, column="mra").tolist() == [0.5, 0.0, 1.0]
