@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import OKABE_ITO, plot_grouped_ci, plot_length_distributions, series_colours
+from .core import OKABE_ITO, SERIES, plot_grouped_ci, plot_length_distributions, series_colours
 from .questions import NO_TUMOUR, TASKS, composition_long
 from .scoring import ERROR_TYPES, SCORE_STATUSES, failure_type_table
 from .stats import word_counts
 from .results import DEFAULT_MODEL_INFO, PAIR_COLUMNS, TABLE2_TASKS, in_scope
 
 # %% auto #0
-__all__ = ['MATRIX_STATES', 'plot_composition', 'plot_task_bars', 'plot_organ_heatmap', 'plot_radar', 'plot_volume_mra',
-           'correctness_states', 'plot_correctness_matrix', 'answer_lengths', 'plot_answer_lengths',
+__all__ = ['MATRIX_STATES', 'plot_composition', 'model_colours', 'plot_task_bars', 'plot_organ_heatmap', 'plot_radar',
+           'plot_volume_mra', 'correctness_states', 'plot_correctness_matrix', 'answer_lengths', 'plot_answer_lengths',
            'plot_parse_failures', 'plot_circular', 'plot_pairs', 'plot_failures', 'plot_failure_types']
 
 # %% ../nbs/45_figures.ipynb #f5db3a46
@@ -76,6 +76,16 @@ def plot_composition(records: Sequence[dict], path=None, top: int = 14):
     return fig
 
 
+# %% ../nbs/45_figures.ipynb #3bf51ce1
+_MORE = ("#882255", "#44AA99", "#999933", "#332288", "#AA4499", "#117733", "#888888")   # Tol's muted colours
+
+def model_colours(names: Sequence[str]) -> dict[str, str]:
+    "One colour per distinct name in order: the eight Okabe–Ito `SERIES` colours, then seven of Tol's muted scheme."
+    palette = (*SERIES, *_MORE)
+    names = list(dict.fromkeys(names))
+    if len(names) > len(palette): raise ValueError(f"{len(names)} models, more than the {len(palette)} distinct colours")
+    return dict(zip(names, palette))
+
 # %% ../nbs/45_figures.ipynb #58922767
 def plot_task_bars(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None,
                    title: str = "Track A accuracy by task (95% CI by scan family)"):
@@ -88,10 +98,12 @@ def plot_task_bars(values: pd.DataFrame, info: Mapping[str, Mapping] | None = No
     k, c = d["model"].nunique(), d["column"].nunique()
     if k > 5:                                     # many models: one row of bars per column, read from top to bottom
         fig, ax = plt.subplots(figsize=(10, 0.2 * c * (k + 1) + 1.6))
-        plot_grouped_ci(d, "column", "label", label="accuracy (Volume MRA: MRA)", title=title, fmt="{:.0%}", ax=ax, horizontal=True)
+        plot_grouped_ci(d, "column", "label", label="accuracy (Volume MRA: MRA)", title=title, fmt="{:.0%}", ax=ax, horizontal=True,
+                        colours=model_colours(d["label"]))
         return fig, d
     fig, ax = plt.subplots(figsize=(min(16, 1.1 + 0.42 * len(cols) * k + 0.6 * len(cols)), 4.8))
-    plot_grouped_ci(d, "column", "label", label="accuracy (Volume MRA: MRA)", title=title, fmt="{:.0%}", ax=ax)
+    plot_grouped_ci(d, "column", "label", label="accuracy (Volume MRA: MRA)", title=title, fmt="{:.0%}", ax=ax,
+                    colours=model_colours(d["label"]))
     return fig, d
 
 def plot_organ_heatmap(acc: pd.DataFrame, by: str = "organ", min_n: int = 1, title: str = "Accuracy by organ (multiple choice, strict)"):
@@ -125,7 +137,7 @@ def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accurac
     cats = list(dict.fromkeys(acc.sort_values(by)[by]))
     n = acc.groupby(by)["n"].max()
     models = list(dict.fromkeys(acc["model"]))
-    colours = series_colours(models)
+    colours = model_colours(models)
     ang = np.linspace(0, 2 * np.pi, len(cats), endpoint=False)
     fig, ax = plt.subplots(figsize=(7.6, 6.2), subplot_kw=dict(polar=True))
     ax.set_theta_offset(np.pi / 2); ax.set_theta_direction(-1)
@@ -148,7 +160,8 @@ def plot_volume_mra(vol: pd.DataFrame, title: str = "Volume estimation: MRA by s
     "(figure, data): grouped bars of MRA per volume range and model."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(min(14, 2 + 0.45 * len(vol)), 4.4))
-    plot_grouped_ci(vol, "volume_range", "model", label="Mean Relative Accuracy", title=title, fmt="{:.2f}", ax=ax)
+    plot_grouped_ci(vol, "volume_range", "model", label="Mean Relative Accuracy", title=title, fmt="{:.2f}", ax=ax,
+                    colours=model_colours(vol["model"]))
     return fig, vol
 
 # %% ../nbs/45_figures.ipynb #9d2427bf
