@@ -32,16 +32,16 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
                                   markdown_table, structure_from_row, to_frame)
 
 # %% auto #0
-__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'CHANCE_TOL',
-           'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE',
-           'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',
-           'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer',
-           'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt', 'blind_answer',
-           'LLMAnswerer', 'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers',
-           'chance_subsample', 'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary',
-           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
-           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
-           'write_validation', 'add_cli']
+__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'ANSWERER_GROUP',
+           'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP', 'FILTERS', 'SCORES',
+           'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise',
+           'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features',
+           'TextAnswerer', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt',
+           'blind_answer', 'LLMAnswerer', 'llm_answerer', 'make_answerers', 'cross_fit', 'vote', 'trivial',
+           'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'balance_letters', 'Validation',
+           'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
+           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -556,22 +556,39 @@ class LLMAnswerer:
 
 # %% ../nbs/24_validate.ipynb #95a8051e
 RULES = {"any": lambda k, n: k >= 1, "at_least_half": lambda k, n: 2 * k >= n,
-         "more_than_half": lambda k, n: 2 * k > n, "all": lambda k, n: k == n}
+         "more_than_half": lambda k, n: 2 * k > n, "all": lambda k, n: k == n,
+         "at_least_two": lambda k, n: k >= 2}   # SpatialMed's specialists: discarded when two of the three succeed
 SOFT_MAJORITY = 0.5          # `soft_majority`: trivial when the mean probability of the correct answer reaches this
 RULE_NAMES = ("chance", "soft_majority", *RULES)   # chance: `chance_subsample` per task (numeric: soft_majority)
 ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": functools.partial(AtlasAnswerer, loso=True),
              "textbook": TextbookAnswerer,
              "name_cue": NameCueAnswerer}
 
+ANSWERER_GROUP = "spatialvqa.answerers"   # entry points: answerers built from an `llm` config naming them
+
+def llm_answerer(config, seed: int = 0):
+    """The answerer of one `llm` config: `LLMAnswerer(config)`, or, when the config names an `answerer`, the entry point
+    of that name in `ANSWERER_GROUP` called with `(config, seed=seed)` (installed: `specialist`, the retrieval-only
+    specialists of `spatialvqa.agents`, which this module cannot import: it comes later in the pipeline)."""
+    if isinstance(config, Mapping) and config.get("answerer"):
+        from importlib.metadata import entry_points
+        eps = {ep.name: ep for ep in entry_points(group=ANSWERER_GROUP)}
+        if config["answerer"] not in eps:
+            raise ValueError(f"unknown answerer {config['answerer']!r} in an llm config; installed: {sorted(eps)} "
+                             f"(entry points of {ANSWERER_GROUP})")
+        return eps[config["answerer"]].load()(config, seed=seed)
+    return LLMAnswerer(config)
+
 def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, seed: int = 0) -> list:
     """Blind answerers by name (`ANSWERERS`: prior, text, atlas; a comma-separated string works), plus one
-    `LLMAnswerer` per LLM config in `llm` (a config, a list of configs, or None)."""
+    `llm_answerer` per LLM config in `llm` (a config, a list of configs, or None): an `LLMAnswerer`, or e.g. a
+    retrieval-only specialist (`{"answerer": "specialist", "llm": ..., "index": ..., "role": ...}`)."""
     if isinstance(names, str): names = [n.strip() for n in names.split(",") if n.strip()]
     bad = [n for n in names if n not in ANSWERERS]
     if bad: raise ValueError(f"unknown blind answerer(s) {bad}; expected some of {list(ANSWERERS)}")
     out = [ANSWERERS[n](seed=seed) for n in names]
     if isinstance(llm, str) and llm.strip().lower() in ("", "none", "null"): llm = None
-    if llm: out += [LLMAnswerer(c) for c in (llm if isinstance(llm, (list, tuple)) else [llm])]
+    if llm: out += [llm_answerer(c, seed) for c in (llm if isinstance(llm, (list, tuple)) else [llm])]
     return out
 
 def _answer(a, records: Sequence[dict]) -> list[dict]:

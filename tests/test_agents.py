@@ -243,3 +243,25 @@ def test_specialist_from_filter_config(tmp_path):
     assert got == {"s1-VOL-spleen": {"specialist_1": "B", "specialist_2": "D", "specialist_3": None},
                    "s1-VOL-liver": {"specialist_1": "C", "specialist_2": "C", "specialist_3": "A"}}
     assert sps[0].cited["s1-VOL-spleen"][0] == "anatomy:spleen#volume"
+
+
+def test_filter_builds_specialists_from_params_config(tmp_path):
+    """validate.llm with {"answerer": "specialist", ...} entries: the filter's `make_answerers` builds the specialists
+    through the `spatialvqa.answerers` entry point (validate cannot import agents), and they answer as above; the
+    paper's rule (a question is discarded when at least two of the three succeed) is the filter's rule `at_least_two`."""
+    from spatialvqa.validate import LLMAnswerer, cross_fit, make_answerers, trivial
+    Retriever(A.anatomy_passages()).save(tmp_path / "idx")
+    with FakeOpenAIServer(fake_agents) as srv:
+        cfgs = [{"answerer": "specialist", "llm": f"openai:fake-agent@{srv.base_url}", "cache": str(tmp_path / "c.jsonl"),
+                 "index": str(tmp_path / "idx"), "role": role, "name": f"specialist_{i + 1}"} for i, role in enumerate(A.SPECIALIST_ROLES)]
+        ans = make_answerers([], llm=cfgs, seed=0)
+        assert [type(a).__name__ for a in ans] == ["Specialist"] * 3 and [a.name for a in ans] == ["specialist_1", "specialist_2", "specialist_3"]
+        preds = cross_fit(RECORDS[:2], ans, folds=2, seed=0)
+    assert {q: {a: e["pred"] for a, e in d.items()} for q, d in preds.items()} == {
+        "s1-VOL-spleen": {"specialist_1": "B", "specialist_2": "D", "specialist_3": None},
+        "s1-VOL-liver": {"specialist_1": "C", "specialist_2": "C", "specialist_3": "A"}}
+    for r in RECORDS[:2]:                                   # the filter's rule at_least_two is the paper's (agents.specialist_rule)
+        assert trivial(r, preds[r["qid"]], rule="at_least_two")[0] == A.specialist_rule(r, {a: e["pred"] for a, e in preds[r["qid"]].items()})[0]
+    assert [trivial(r, preds[r["qid"]], rule="at_least_two")[0] for r in RECORDS[:2]] == [False, True]
+    assert isinstance(make_answerers([], llm={"backend": "replay", "cache": str(tmp_path / "c.jsonl")})[0], LLMAnswerer)
+    with pytest.raises(ValueError, match="unknown answerer 'nosuch'"): make_answerers([], llm={"answerer": "nosuch"})
