@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # The walls are in notebooks other work owned when the checker landed; the coordinator splits them after merging.
 # 'example': exported definitions whose example comes only after the next definition (or not at all).
 ALLOWED: dict[tuple[str, str], int] = {
-    ("20_questions.ipynb", "wall"): 3,
     ("24_validate.ipynb", "wall"): 4,
     ("49_cli.ipynb", "wall"): 1,
     ("02_llm.ipynb", "example"): 2,
@@ -23,7 +22,7 @@ ALLOWED: dict[tuple[str, str], int] = {
     ("13_convert.ipynb", "example"): 3,
     ("14_phantom.ipynb", "example"): 9,
     ("15_measure.ipynb", "example"): 2,
-    ("20_questions.ipynb", "example"): 10,
+    ("20_questions.ipynb", "example"): 9,
     ("23_counterfactual.ipynb", "example"): 3,
     ("40_views.ipynb", "example"): 1,
     ("41_models.ipynb", "example"): 3,
