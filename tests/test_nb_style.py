@@ -23,7 +23,6 @@ ALLOWED: dict[tuple[str, str], int] = {
     ("40_views.ipynb", "example"): 1,
     ("41_models.ipynb", "example"): 3,
     ("42_vlm.ipynb", "example"): 7,
-    ("43_scoring.ipynb", "example"): 1,
 }
 
 
