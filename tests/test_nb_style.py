@@ -17,7 +17,6 @@ ALLOWED: dict[tuple[str, str], int] = {
     ("11_scan.ipynb", "example"): 3,
     ("13_convert.ipynb", "example"): 3,
     ("14_phantom.ipynb", "example"): 9,
-    ("15_measure.ipynb", "example"): 2,
     ("41_models.ipynb", "example"): 3,
     ("42_vlm.ipynb", "example"): 7,
 }
