@@ -156,12 +156,15 @@ def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accurac
     fig.tight_layout()
     return fig, acc
 
-def plot_volume_mra(vol: pd.DataFrame, title: str = "Volume estimation: MRA by structure size (95% CI by scan family)"):
-    "(figure, data): grouped bars of MRA per volume range and model."
+def plot_volume_mra(vol: pd.DataFrame, info: Mapping[str, Mapping] | None = None,
+                    title: str = "Volume estimation: MRA by structure size (95% CI by scan family)"):
+    "(figure, data): grouped bars of MRA per volume range and model (legend: the models' Table 2 labels)."
     import matplotlib.pyplot as plt
+    info = {**DEFAULT_MODEL_INFO, **(info or {})}
+    vol = vol.assign(label=vol["model"].map(lambda m: (info.get(m) or {}).get("label", m)))
     fig, ax = plt.subplots(figsize=(min(14, 2 + 0.45 * len(vol)), 4.4))
-    plot_grouped_ci(vol, "volume_range", "model", label="Mean Relative Accuracy", title=title, fmt="{:.2f}", ax=ax,
-                    colours=model_colours(vol["model"]))
+    plot_grouped_ci(vol, "volume_range", "label", label="Mean Relative Accuracy", title=title, fmt="{:.2f}", ax=ax,
+                    colours=model_colours(vol["label"]))
     return fig, vol
 
 # %% ../nbs/45_figures.ipynb #9d2427bf
