@@ -23,7 +23,7 @@ from .parse import parse_answer
 from .prompt import build_prompt
 from .questions import LETTERS, MIN_RATIO, MC_TASKS, TASKS, TEMPLATES, evaluate, fmt_number, rederive
 from .retrieval import Retriever, passage, queries_for, report_passages, retrieve
-from .validate import is_right
+from .validate import filter_report, is_right
 
 # %% auto #0
 __all__ = ['ANNOTATOR_SYSTEM', 'PLAUSIBLE_MM', 'CRITERIA', 'VALIDATOR_SYSTEM', 'SPECIALIST_ROLES', 'SPECIALIST_MIN_RIGHT',
@@ -436,15 +436,5 @@ def reason_counts(removed: Sequence[Mapping]) -> dict:
     return {a: dict(c.most_common()) for a, c in out.items()}
 
 def agents_report(records: Sequence[Mapping], removed: Sequence[Mapping]) -> pd.DataFrame:
-    "Per task (and in all): questions, removed by each agent, kept."
-    by = Counter((r["task"], r["removed_by"]) for r in removed)
-    tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
-    rows = []
-    for t in tasks:
-        n = sum(r["task"] == t for r in records)
-        row = {"task": t, "questions": n, **{f: by[(t, f)] for f in AGENT_FILTERS}}
-        row["kept"] = n - sum(row[f] for f in AGENT_FILTERS)
-        rows.append(row)
-    df = pd.DataFrame(rows, columns=["task", "questions", *AGENT_FILTERS, "kept"])
-    tot = {"task": "all", **{c: int(df[c].sum()) for c in ["questions", *AGENT_FILTERS, "kept"]}}
-    return pd.concat([df, pd.DataFrame([tot])], ignore_index=True).astype({c: int for c in ["questions", *AGENT_FILTERS, "kept"]})
+    "Per task (and in all): questions, removed by each agent, kept (validate's `filter_report` over `AGENT_FILTERS`)."
+    return filter_report(records, removed, AGENT_FILTERS)

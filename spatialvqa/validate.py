@@ -843,22 +843,23 @@ class Validation:
     report: pd.DataFrame
     summary: dict = field(default_factory=dict)
 
-def filter_report(records: Sequence[dict], removed: Sequence[dict]) -> pd.DataFrame:
-    "Per task (and in all), the questions before filtering, how many each filter removed, and how many are kept."
+def filter_report(records: Sequence[dict], removed: Sequence[dict], filters: Sequence[str] = FILTERS) -> pd.DataFrame:
+    """Per task (and in all), the questions before filtering, how many each of `filters` removed (a record's
+    `removed_by`), and how many are kept. The agents' report (`spatialvqa.agents`) is the same table over its agents."""
     by = Counter((r["task"], r["removed_by"]) for r in removed)
     tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
     tasks += sorted({r["task"] for r in records} - set(tasks))
     rows = []
     for t in tasks:
         n = sum(r["task"] == t for r in records)
-        row = {"task": t, "questions": n, **{f: by[(t, f)] for f in FILTERS}}
-        row["kept"] = n - sum(row[f] for f in FILTERS)
+        row = {"task": t, "questions": n, **{f: by[(t, f)] for f in filters}}
+        row["kept"] = n - sum(row[f] for f in filters)
         rows.append(row)
-    df = pd.DataFrame(rows, columns=["task", "questions", *FILTERS, "kept"])
-    tot = {"task": "all", **{c: int(df[c].sum()) for c in ["questions", *FILTERS, "kept"]}}
+    df = pd.DataFrame(rows, columns=["task", "questions", *filters, "kept"])
+    tot = {"task": "all", **{c: int(df[c].sum()) for c in ["questions", *filters, "kept"]}}
     df = pd.concat([df, pd.DataFrame([tot])], ignore_index=True)
     df["kept_share"] = (df["kept"] / df["questions"].where(df["questions"] > 0)).round(3)
-    return df.astype({c: int for c in ["questions", *FILTERS, "kept"]})
+    return df.astype({c: int for c in ["questions", *filters, "kept"]})
 
 # %% ../nbs/24_validate.ipynb #12f6b780
 def _with_pairs(kept: Sequence[dict], removed: Sequence[dict], by: str) -> tuple[list[dict], list[dict]]:

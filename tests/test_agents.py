@@ -134,7 +134,7 @@ def _check_run(run):
     assert para["qid"] == "s1-VOL-spleen~para" and para["question"] == "Estimate the spleen volume on this CT."
     assert rederive(para, VOLUMES)["answer_letter"] == para["answer_letter"] == "B"
     assert para["passages"] and para["passages"][0] == "anatomy:spleen#volume"
-    assert run.report.set_index("task").loc["all"].to_dict() == {"questions": 3, "clinical_validator": 1, "specialists": 1, "kept": 1}
+    assert run.report.set_index("task").loc["all"].to_dict() == {"questions": 3, "clinical_validator": 1, "specialists": 1, "kept": 1, "kept_share": 0.333}
     assert run.summary["annotator"] == {"proposals": 3, "valid_json": 2, "valid_json_share": 0.6667, "accepted": 1,
                                         "accepted_share": 0.3333,
                                         "rejections": {"a distractor lies outside the plausible range N-N mL": 1, "no JSON": 1}}
