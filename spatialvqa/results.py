@@ -23,13 +23,14 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
                                 compare_models, failure_sheet, outcome, position_bias, score_predictions, toy_records)
 
 # %% auto #0
-__all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope', 'score_models',
-           'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'cluster_of', 'pair_outcomes', 'pair_values',
-           'toy_pairs', 'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape',
-           'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume',
-           'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics',
-           'split_rotations', 'circular_values', 'circular_chance', 'circular_table', 'circular_checks',
-           'failure_sheets', 'failure_instructions', 'failure_counts']
+__all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
+           'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'cluster_of', 'pair_outcomes',
+           'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'draw_means', 'draw_summary', 'table2_values',
+           'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape', 'latex_table', 'write_table',
+           'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values', 'parse_table',
+           'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations', 'circular_values',
+           'circular_chance', 'circular_table', 'circular_checks', 'failure_sheets', 'failure_instructions',
+           'failure_counts']
 
 # %% ../nbs/44_results.ipynb #99dbe145
 TABLE2_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
@@ -147,14 +148,34 @@ def pair_outcomes(d: pd.DataFrame, value: str) -> pd.DataFrame:
                              both=np.nan if np.isnan(a) or np.isnan(b) else float(min(a, b))))
     return pd.DataFrame(rows, columns=cols)
 
+def _drawn_pairs(d: pd.DataFrame, draws: pd.DataFrame) -> pd.DataFrame:
+    "`pair_outcomes` of the models in `draws` (`seed_draws`), each pair's outcomes averaged over the draws (both right in the same draw)."
+    per = []
+    for m, dm in draws.groupby("model", sort=False):
+        g = d[d["model"].astype(str) == str(m)]
+        for _, dd in dm.groupby("draw", sort=True):
+            per.append(pair_outcomes(g.assign(v=g["qid"].astype(str).map(dict(zip(dd["qid"], dd["value"]))).astype(float)), "v"))
+    if not per: return pair_outcomes(d.iloc[:0].assign(v=0.0), "v")
+    p = pd.concat(per, ignore_index=True)
+    meta = ["original", "task", "kind", "flipped", "family"]
+    return (p.groupby(["model", "pair_id"], sort=False)
+             .agg(**{c: (c, "first") for c in meta}, **{c: (c, "mean") for c in ("original_right", "twin_right", "both")})
+             .reset_index()[p.columns])
+
 def pair_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
-                by: str | None = None) -> pd.DataFrame:
+                by: str | None = None, draws: pd.DataFrame | None = None) -> pd.DataFrame:
     """Pair accuracy per model (and per `by`, e.g. `task` or `kind`) in the long format of `table2_values`: `column`
     `Pair acc.` (every multiple-choice pair) and `Flip pairs` (pairs whose answer flips), `estimate`, `ci_low`,
-    `ci_high`, `n` pairs, `n_scans` families. Models without pairs in their scope get no rows."""
+    `ci_high`, `n` pairs, `n_scans` families. Models without pairs in their scope get no rows. A model in `draws`
+    (`seed_draws`) counts each pair by the share of its draws that got both members right."""
     d = in_scope(scored)
     d = d[d["task"].isin(TABLE2_TASKS)]
     p = pair_outcomes(d.assign(v=outcome(d, strict)), "v")
+    if draws is not None and len(draws):
+        drawn = set(draws["model"].astype(str))
+        p = pd.concat([p[~p["model"].isin(drawn)], _drawn_pairs(d[d["model"].astype(str).isin(drawn)], draws)], ignore_index=True)
+        order = {m: i for i, m in enumerate(dict.fromkeys(d["model"].astype(str)))}
+        p = p.iloc[np.argsort(p["model"].map(order).to_numpy(), kind="stable")].reset_index(drop=True)
     rows = []
     for keys, g in p.groupby(["model"] + ([by] if by else []), sort=False):
         keys = keys if isinstance(keys, tuple) else (keys,)
@@ -187,6 +208,84 @@ def toy_pairs(seed: int = 0) -> tuple[list[dict], dict[str, list[dict]]]:
              "text_only": [dict(qid=r["qid"], model="text_only", raw=truth[r.get("pair_of") or r["qid"]], error=None) for r in out]}
     return out, preds
 
+# %% ../nbs/44_results.ipynb #d0700377
+DRAW_COLUMNS = ["model", "draw", "seed", "qid", "task", "value"]
+
+def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
+    """Run every model of `entries` (name → its `infer.models` entry, with a `config.seed`) `n` times over the
+    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, through `models.infer` and `scoring.score_predictions`
+    (plain questions, no option rotations). One row per model, run and question: `model`, `draw` (0 ... n-1), `seed`,
+    `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`)."""
+    import tempfile
+    from spatialvqa.models import infer, model_entry
+    records = read_jsonl(benchmark)
+    frames = []
+    for name, entry in entries.items():
+        e = model_entry(name, entry)
+        if "seed" not in e["config"]: raise ValueError(f"infer.models.{name}: no config.seed to vary")
+        base = int(e["config"]["seed"])
+        for d in range(int(n)):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / f"{name}.jsonl"
+                infer(name, benchmark, out, {**e, "config": {**e["config"], "seed": base + d}, "circular": False})
+                sc = score_predictions(records, read_jsonl(out), name)
+            num = (sc["task"] == "VOLEST").to_numpy()
+            frames.append(pd.DataFrame({"model": name, "draw": d, "seed": base + d, "qid": sc["qid"].astype(str),
+                                        "task": sc["task"].astype(str),
+                                        "value": np.where(num, outcome(sc, strict, "mra"), outcome(sc, strict))}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=DRAW_COLUMNS)
+
+def draws_agree(draws: pd.DataFrame, scored: pd.DataFrame, strict: bool = True) -> list[str]:
+    "The models of `draws` whose run 0 differs from their run in `scored` (the infer stage's) on some plain question, or that `scored` lacks."
+    plain = scored[scored["rotation"].fillna(0).astype(int) == 0] if "rotation" in scored else scored
+    bad = []
+    for m, g in draws[draws["draw"] == 0].groupby("model", sort=False):
+        s = plain[plain["model"].astype(str) == str(m)]
+        num = (s["task"] == "VOLEST").to_numpy()
+        ref = dict(zip(s["qid"].astype(str), np.where(num, outcome(s, strict, "mra"), outcome(s, strict))))
+        got = dict(zip(g["qid"].astype(str), g["value"].astype(float)))
+        if set(ref) != set(got) or not all(np.isclose(ref[q], v, equal_nan=True) for q, v in got.items()): bad.append(str(m))
+    return bad
+
+def draw_means(draws: pd.DataFrame | None) -> dict[str, dict[str, float]]:
+    "Per model of `draws`, each question's value averaged over its runs (qid → mean); {} without draws."
+    if draws is None or not len(draws): return {}
+    return {str(m): g.groupby("qid", sort=False)["value"].mean().to_dict() for m, g in draws.groupby("model", sort=False)}
+
+# %% ../nbs/44_results.ipynb #ff30256e
+def draw_summary(draws: pd.DataFrame, records: Sequence[Mapping], chance: Mapping[str, float] | None = None,
+                 n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
+    """Per model of `draws` (`seed_draws` over `records`): `runs`, `seeds` (first-last), the MCA AVG of each run
+    (macro mean of its task accuracies): `mca_mean`, `mca_sd`, `mca_low` / `mca_high` (the alpha/2 and 1 - alpha/2
+    quantiles over runs), `mca_min`, `mca_max`; and the share of runs whose own scan-family bootstrap interval covers
+    `chance` (default: 1 / options, `chance_values`' rule): `covers_mca` for MCA AVG, `covers_task` over every run and task."""
+    recs = {str(r["qid"]): r for r in records}
+    if chance is None:
+        q = pd.DataFrame([{"task": r["task"], "k": len(r.get("options") or [])} for r in recs.values() if r["format"] == "mc"])
+        chance = {t: float((1 / g["k"]).mean()) for t, g in q.groupby("task")}
+        chance["MCA AVG"] = float(np.mean([chance[t] for t in TABLE2_TASKS if t in chance]))
+    rows = []
+    for m, dm in draws[draws["task"].isin(TABLE2_TASKS)].groupby("model", sort=False):
+        avgs, cover_avg, cover_task = [], [], []
+        for d, g in dm.groupby("draw", sort=True):
+            vals = np.full((len(g), len(TABLE2_TASKS)), np.nan)
+            for j, t in enumerate(TABLE2_TASKS): vals[(g["task"] == t).to_numpy(), j] = g["value"].to_numpy(float)[(g["task"] == t).to_numpy()]
+            clusters = [scan_family(str(recs[q]["scan_id"])) for q in g["qid"]]
+            est, reps = bootstrap_means(vals, clusters, n_boot, seed)
+            with np.errstate(invalid="ignore"):
+                lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2], axis=0)
+                alo, ahi = np.nanquantile(np.nanmean(reps, axis=1), [alpha / 2, 1 - alpha / 2])
+            avgs.append(float(np.nanmean(est)))
+            cover_avg.append(alo <= chance["MCA AVG"] <= ahi)
+            cover_task += [l <= chance[t] <= h for t, l, h in zip(TABLE2_TASKS, lo, hi) if t in chance and not np.isnan(l)]
+        a = np.array(avgs)
+        rows.append(dict(model=str(m), runs=len(a), seeds=f"{int(dm['seed'].min())}-{int(dm['seed'].max())}",
+                         mca_mean=float(a.mean()), mca_sd=float(a.std(ddof=1)) if len(a) > 1 else np.nan,
+                         mca_low=float(np.quantile(a, alpha / 2)), mca_high=float(np.quantile(a, 1 - alpha / 2)),
+                         mca_min=float(a.min()), mca_max=float(a.max()),
+                         covers_mca=float(np.mean(cover_avg)), covers_task=float(np.mean(cover_task))))
+    return pd.DataFrame(rows)
+
 # %% ../nbs/44_results.ipynb #de109141
 TABLE2_COLUMNS = ["Model", "Size", "Backbones", "Scope", "MCA AVG", *TABLE2_TASKS, "Volume MRA", *PAIR_COLUMNS]
 DEFAULT_MODEL_INFO = {
@@ -201,16 +300,22 @@ DEFAULT_MODEL_INFO = {
     "name_cue": {"label": "Name cues (filter)", "size": "-", "backbones": "- (side words in the names)"},
 }
 
-def table2_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
+def table2_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                  draws: pd.DataFrame | None = None) -> pd.DataFrame:
     """Long numbers behind Table 2: one row per model and column (`MCA AVG`, tasks, `Volume MRA`, and where the
     benchmark has counterfactual pairs `Pair acc.` and `Flip pairs`, `pair_values`) with `estimate`, `ci_low`, `ci_high`
-    (fractions), plus `n` questions in scope (pairs for the pair columns) and `n_scans` (scan families: the bootstrap
-    clusters, `cluster_of`)."""
-    rows = []
+    (fractions), plus `n` questions in scope (pairs for the pair columns), `n_scans` (scan families: the bootstrap
+    clusters, `cluster_of`) and `draws`: for a model in `draws` (`seed_draws`), the number of seeded runs whose mean
+    value per question replaces its single run (`draw_means`), else 1."""
+    rows, means = [], draw_means(draws)
+    n_draws = {} if draws is None or not len(draws) else draws.groupby("model")["draw"].nunique().to_dict()
     for m, g in in_scope(scored).groupby("model", observed=True, sort=False):
+        mean = means.get(str(m))
+        val = (lambda d, metric="correct": outcome(d, strict, metric)) if mean is None else \
+              (lambda d, metric="correct": d["qid"].astype(str).map(mean).to_numpy(float))
         mc = g[g["task"].isin(TABLE2_TASKS)]
         vals = np.full((len(mc), len(TABLE2_TASKS)), np.nan)
-        v = outcome(mc, strict)
+        v = val(mc)
         for j, t in enumerate(TABLE2_TASKS): vals[(mc["task"] == t).to_numpy(), j] = v[(mc["task"] == t).to_numpy()]
         est, reps = bootstrap_means(vals, cluster_of(mc), n_boot, seed)
         with np.errstate(invalid="ignore"):
@@ -218,14 +323,15 @@ def table2_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000,
             avg = np.nanmean(reps, axis=1)
         cols["MCA AVG"] = (float(np.nanmean(est)), *np.nanquantile(avg, [alpha / 2, 1 - alpha / 2]))
         num = g[g["task"] == "VOLEST"]
-        ci = bootstrap_ci(outcome(num, strict, "mra"), cluster_of(num), n_boot, seed, alpha) if len(num) else {}
+        ci = bootstrap_ci(val(num, "mra"), cluster_of(num), n_boot, seed, alpha) if len(num) else {}
         cols["Volume MRA"] = (ci.get("estimate", np.nan), ci.get("ci_low", np.nan), ci.get("ci_high", np.nan))
         for c, (e, lo, hi) in cols.items():
             rows.append(dict(model=str(m), column=c, estimate=float(e), ci_low=float(lo), ci_high=float(hi),
-                             n=len(g), n_scans=len(set(cluster_of(g)))))
+                             n=len(g), n_scans=len(set(cluster_of(g))), draws=int(n_draws.get(str(m), 1))))
     out = pd.DataFrame(rows)
-    pv = pair_values(scored, strict, n_boot, seed, alpha)
+    pv = pair_values(scored, strict, n_boot, seed, alpha, draws=draws)
     if pv.empty: return out
+    pv["draws"] = pv["model"].map(lambda m: int(n_draws.get(str(m), 1)))
     order = {m: i for i, m in enumerate(dict.fromkeys(out["model"]))}
     both = pd.concat([out, pv], ignore_index=True)
     return both.iloc[np.argsort(both["model"].map(order).to_numpy(), kind="stable")].reset_index(drop=True)
@@ -253,14 +359,17 @@ def _fmt_ci(e, lo, hi, digits: int = 1) -> str:
 def table2(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chance: Mapping[str, float] | None = None,
            n_total: int | None = None, digits: int = 1) -> pd.DataFrame:
     """Table 2 as text cells (percent, "estimate [low, high]"), models in the order of `values`, labelled with
-    `info` (model → `label`, `size`, `backbones`; `DEFAULT_MODEL_INFO` fills gaps); a `Chance` row last when given."""
+    `info` (model → `label`, `size`, `backbones`; `DEFAULT_MODEL_INFO` fills gaps); a `Chance` row last when given.
+    The scope of a model averaged over seeded runs says how many (`draws` of `table2_values`)."""
     info = {**DEFAULT_MODEL_INFO, **(info or {})}
     rows = []
     for m, g in values.groupby("model", sort=False):
         meta = {**{"label": m, "size": "-", "backbones": "-"}, **(info.get(m) or {})}
         n = int(g["n"].iloc[0])
         scope = "all" if n_total is None or n == n_total else f"{g['n_scans'].iloc[0]} scans"
-        row = {"Model": meta["label"], "Size": meta["size"], "Backbones": meta["backbones"], "Scope": f"{scope} (n={n})"}
+        k = int(g["draws"].iloc[0]) if "draws" in g and pd.notna(g["draws"].iloc[0]) else 1
+        row = {"Model": meta["label"], "Size": meta["size"], "Backbones": meta["backbones"],
+               "Scope": f"{scope} (n={n}{f'; mean of {k} seeds' if k > 1 else ''})"}
         for _, r in g.iterrows(): row[r["column"]] = _fmt_ci(r["estimate"], r["ci_low"], r["ci_high"], digits)
         rows.append(row)
     if chance is not None:
