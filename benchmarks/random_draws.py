@@ -2,10 +2,12 @@
 
     .venv/bin/python benchmarks/random_draws.py [--benchmark data/benchmark/validated.jsonl] [--seeds 200]
 
-Table 2's Random row is one draw: `spatialvqa.models.RandomAdapter` with seed 0 (a letter per question from a hash
-of the seed and the qid). This script runs the same adapter with seeds 0 ... N-1 over the multiple-choice questions
-and prints the MCA AVG (mean of the task accuracies, as in Table 2) of seed 0, the mean and standard deviation over
-the seeds, and the share of seeds that do at least as well as seed 0; plus the letters of the key.
+The infer stage's Random run is one draw: `spatialvqa.models.RandomAdapter` with seed 0 (a letter per question from a
+hash of the seed and the qid). This script runs the same adapter with seeds 0 ... N-1 over the multiple-choice
+questions, in-process and without prediction files (seconds), and prints the MCA AVG (mean of the task accuracies, as
+in Table 2) of seed 0, the mean and standard deviation over the seeds, and the share of seeds that do at least as
+well as seed 0; plus the letters of the key. Table 2 itself reports Random (and the other seeded baselines) as the
+mean of `draws.n` runs through the whole infer and score path: the `draws` stage (`spatialvqa.results.seed_draws`).
 """
 from __future__ import annotations
 

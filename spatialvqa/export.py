@@ -525,7 +525,7 @@ def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils) -> tupl
         df = pd.DataFrame(rows)
         mc = df[df["task"] != "VOLEST"]
         agg.append({"model": str(m), "questions": len(df),
-                    "MCA AVG (Table 2: mean of tasks)": round(100 * float(mc.groupby("task")["harness"].mean().mean()), 1),
+                    "MCA AVG (mean of tasks)": round(100 * float(mc.groupby("task")["harness"].mean().mean()), 1),
                     "mc_accuracy (mean of questions)": round(100 * float(mc["harness"].mean()), 1),
                     "numeric_mra (Volume MRA)": round(100 * float(df.loc[df["task"] == "VOLEST", "harness"].mean()), 1),
                     "score (all questions)": round(100 * float(df["harness"].mean()), 1),

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .core import atomic_write, get_logger, read_jsonl
-from .stats import bootstrap_means, bootstrap_ci
+from .stats import bootstrap_means, bootstrap_ci, percentile_interval
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
 from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table, blind_gap, circular_eval,
@@ -25,12 +25,12 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
 # %% auto #0
 __all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
            'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'cluster_of', 'pair_outcomes',
-           'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'draw_means', 'draw_summary', 'table2_values',
-           'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape', 'latex_table', 'write_table',
-           'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values', 'parse_table',
-           'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations', 'circular_values',
-           'circular_chance', 'circular_table', 'circular_checks', 'failure_sheets', 'failure_instructions',
-           'failure_counts']
+           'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap', 'draw_means', 'draw_summary',
+           'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape', 'latex_table',
+           'write_table', 'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values',
+           'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations',
+           'circular_values', 'circular_chance', 'circular_table', 'circular_checks', 'failure_sheets',
+           'failure_instructions', 'failure_counts']
 
 # %% ../nbs/44_results.ipynb #99dbe145
 TABLE2_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
@@ -149,28 +149,25 @@ def pair_outcomes(d: pd.DataFrame, value: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 def _drawn_pairs(d: pd.DataFrame, draws: pd.DataFrame) -> pd.DataFrame:
-    "`pair_outcomes` of the models in `draws` (`seed_draws`), each pair's outcomes averaged over the draws (both right in the same draw)."
+    "`pair_outcomes` of the models in `draws` (`seed_draws`), run by run (a `draw` column: both members right in the same run)."
     per = []
     for m, dm in draws.groupby("model", sort=False):
         g = d[d["model"].astype(str) == str(m)]
-        for _, dd in dm.groupby("draw", sort=True):
-            per.append(pair_outcomes(g.assign(v=g["qid"].astype(str).map(dict(zip(dd["qid"], dd["value"]))).astype(float)), "v"))
-    if not per: return pair_outcomes(d.iloc[:0].assign(v=0.0), "v")
-    p = pd.concat(per, ignore_index=True)
-    meta = ["original", "task", "kind", "flipped", "family"]
-    return (p.groupby(["model", "pair_id"], sort=False)
-             .agg(**{c: (c, "first") for c in meta}, **{c: (c, "mean") for c in ("original_right", "twin_right", "both")})
-             .reset_index()[p.columns])
+        for k, dd in dm.groupby("draw", sort=True):
+            v = g["qid"].astype(str).map(dict(zip(dd["qid"].astype(str), dd["value"]))).astype(float)
+            per.append(pair_outcomes(g.assign(v=v), "v").assign(draw=int(k)))
+    return pd.concat(per, ignore_index=True) if per else pair_outcomes(d.iloc[:0].assign(v=0.0), "v").assign(draw=0)
 
 def pair_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
                 by: str | None = None, draws: pd.DataFrame | None = None) -> pd.DataFrame:
     """Pair accuracy per model (and per `by`, e.g. `task` or `kind`) in the long format of `table2_values`: `column`
     `Pair acc.` (every multiple-choice pair) and `Flip pairs` (pairs whose answer flips), `estimate`, `ci_low`,
     `ci_high`, `n` pairs, `n_scans` families. Models without pairs in their scope get no rows. A model in `draws`
-    (`seed_draws`) counts each pair by the share of its draws that got both members right."""
+    (`seed_draws`) counts each pair by the share of its runs that got both members right, its interval from
+    `run_bootstrap` (runs and scan families resampled)."""
     d = in_scope(scored)
     d = d[d["task"].isin(TABLE2_TASKS)]
-    p = pair_outcomes(d.assign(v=outcome(d, strict)), "v")
+    p = pair_outcomes(d.assign(v=outcome(d, strict)), "v").assign(draw=0)
     if draws is not None and len(draws):
         drawn = set(draws["model"].astype(str))
         p = pd.concat([p[~p["model"].isin(drawn)], _drawn_pairs(d[d["model"].astype(str).isin(drawn)], draws)], ignore_index=True)
@@ -180,9 +177,15 @@ def pair_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000, s
     for keys, g in p.groupby(["model"] + ([by] if by else []), sort=False):
         keys = keys if isinstance(keys, tuple) else (keys,)
         for col, q in zip(PAIR_COLUMNS, (g, g[g["flipped"]])):
-            ci = bootstrap_ci(q["both"].to_numpy(float), q["family"].to_numpy(), n_boot, seed, alpha) if len(q) else {}
+            if q["draw"].nunique() > 1:          # runs of a seeded baseline: resample runs and scan families
+                V = q.pivot(index="draw", columns="pair_id", values="both")
+                fam = q.drop_duplicates("pair_id").set_index("pair_id")["family"].reindex(V.columns).to_numpy()
+                est, reps = run_bootstrap(V.to_numpy(float), fam, n_boot, seed)
+                lo, hi = percentile_interval(reps[:, 0], alpha)
+                ci = dict(estimate=float(est[0]), ci_low=float(lo), ci_high=float(hi))
+            else: ci = bootstrap_ci(q["both"].to_numpy(float), q["family"].to_numpy(), n_boot, seed, alpha) if len(q) else {}
             rows.append(dict(model=keys[0], **({by: keys[1]} if by else {}), column=col, estimate=ci.get("estimate", np.nan),
-                             ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan), n=len(q),
+                             ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan), n=int(q["pair_id"].nunique()),
                              n_scans=int(q["family"].nunique())))
     return pd.DataFrame(rows, columns=["model", *([by] if by else []), "column", "estimate", "ci_low", "ci_high", "n", "n_scans"])
 
@@ -247,6 +250,28 @@ def draws_agree(draws: pd.DataFrame, scored: pd.DataFrame, strict: bool = True) 
         if set(ref) != set(got) or not all(np.isclose(ref[q], v, equal_nan=True) for q, v in got.items()): bad.append(str(m))
     return bad
 
+def run_bootstrap(runs: np.ndarray, clusters, n_boot: int = 2000, seed: int = 0, columns=None,
+                  n_columns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(estimates (m,), replicates (n_boot, m)) of column means of items valued by their mean over runs, the
+    `bootstrap_means` of a seeded baseline: each replicate draws the R runs with replacement (the run-to-run noise of
+    a finite number of runs) and the clusters of items with replacement (which questions). `runs`: (R, n) values;
+    `clusters`: n labels; `columns`: the column (0 ... m-1) of each item, e.g. its task (None: one column)."""
+    V = np.asarray(runs, dtype=float)
+    R, n = V.shape
+    col = np.zeros(n, dtype=int) if columns is None else np.asarray(columns, dtype=int)
+    m = int(n_columns) if n_columns is not None else int(col.max()) + 1 if n else 1
+    M = np.zeros((n, m)); M[np.arange(n), col] = 1.0
+    codes, k = pd.factorize(pd.Series(np.asarray(clusters, dtype=object)).astype(str), sort=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        est = (V.mean(axis=0) @ M) / M.sum(axis=0)
+        rng, reps = np.random.default_rng(seed), np.empty((int(n_boot), m))
+        for s in range(0, int(n_boot), 256):
+            b = min(256, int(n_boot) - s)
+            q = (rng.multinomial(R, np.full(R, 1.0 / R), size=b) / R) @ V         # item means over resampled runs
+            w = rng.multinomial(len(k), np.full(len(k), 1.0 / len(k)), size=b)[:, codes].astype(float)   # resampled clusters
+            reps[s:s + b] = ((w * q) @ M) / (w @ M)
+    return est, reps
+
 def draw_means(draws: pd.DataFrame | None) -> dict[str, dict[str, float]]:
     "Per model of `draws`, each question's value averaged over its runs (qid → mean); {} without draws."
     if draws is None or not len(draws): return {}
@@ -306,32 +331,40 @@ def table2_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000,
     benchmark has counterfactual pairs `Pair acc.` and `Flip pairs`, `pair_values`) with `estimate`, `ci_low`, `ci_high`
     (fractions), plus `n` questions in scope (pairs for the pair columns), `n_scans` (scan families: the bootstrap
     clusters, `cluster_of`) and `draws`: for a model in `draws` (`seed_draws`), the number of seeded runs whose mean
-    value per question replaces its single run (`draw_means`), else 1."""
-    rows, means = [], draw_means(draws)
-    n_draws = {} if draws is None or not len(draws) else draws.groupby("model")["draw"].nunique().to_dict()
+    value per question replaces its single run, its intervals from `run_bootstrap` (runs and families resampled), else 1."""
+    rows = []
+    runs = {} if draws is None or not len(draws) else \
+        {str(m): d.pivot(index="draw", columns="qid", values="value") for m, d in draws.groupby("model", sort=False)}
     for m, g in in_scope(scored).groupby("model", observed=True, sort=False):
-        mean = means.get(str(m))
-        val = (lambda d, metric="correct": outcome(d, strict, metric)) if mean is None else \
-              (lambda d, metric="correct": d["qid"].astype(str).map(mean).to_numpy(float))
         mc = g[g["task"].isin(TABLE2_TASKS)]
-        vals = np.full((len(mc), len(TABLE2_TASKS)), np.nan)
-        v = val(mc)
-        for j, t in enumerate(TABLE2_TASKS): vals[(mc["task"] == t).to_numpy(), j] = v[(mc["task"] == t).to_numpy()]
-        est, reps = bootstrap_means(vals, cluster_of(mc), n_boot, seed)
+        num = g[g["task"] == "VOLEST"]
+        if str(m) in runs:       # a seeded baseline: the mean of its runs, runs and scan families resampled
+            V = runs[str(m)]
+            task_col = mc["task"].map({t: j for j, t in enumerate(TABLE2_TASKS)}).to_numpy()
+            est, reps = run_bootstrap(V[mc["qid"].astype(str)].to_numpy(float), cluster_of(mc), n_boot, seed, task_col, len(TABLE2_TASKS))
+            if len(num):
+                ne, nr = run_bootstrap(V[num["qid"].astype(str)].to_numpy(float), cluster_of(num), n_boot, seed)
+                mra = (float(ne[0]), *percentile_interval(nr[:, 0], alpha))
+            else: mra = (np.nan, np.nan, np.nan)
+        else:
+            vals = np.full((len(mc), len(TABLE2_TASKS)), np.nan)
+            v = outcome(mc, strict)
+            for j, t in enumerate(TABLE2_TASKS): vals[(mc["task"] == t).to_numpy(), j] = v[(mc["task"] == t).to_numpy()]
+            est, reps = bootstrap_means(vals, cluster_of(mc), n_boot, seed)
+            ci = bootstrap_ci(outcome(num, strict, "mra"), cluster_of(num), n_boot, seed, alpha) if len(num) else {}
+            mra = (ci.get("estimate", np.nan), ci.get("ci_low", np.nan), ci.get("ci_high", np.nan))
         with np.errstate(invalid="ignore"):
             cols = {t: (est[j], *np.nanquantile(reps[:, j], [alpha / 2, 1 - alpha / 2])) for j, t in enumerate(TABLE2_TASKS)}
             avg = np.nanmean(reps, axis=1)
         cols["MCA AVG"] = (float(np.nanmean(est)), *np.nanquantile(avg, [alpha / 2, 1 - alpha / 2]))
-        num = g[g["task"] == "VOLEST"]
-        ci = bootstrap_ci(val(num, "mra"), cluster_of(num), n_boot, seed, alpha) if len(num) else {}
-        cols["Volume MRA"] = (ci.get("estimate", np.nan), ci.get("ci_low", np.nan), ci.get("ci_high", np.nan))
+        cols["Volume MRA"] = mra
         for c, (e, lo, hi) in cols.items():
             rows.append(dict(model=str(m), column=c, estimate=float(e), ci_low=float(lo), ci_high=float(hi),
-                             n=len(g), n_scans=len(set(cluster_of(g))), draws=int(n_draws.get(str(m), 1))))
+                             n=len(g), n_scans=len(set(cluster_of(g))), draws=len(runs[str(m)]) if str(m) in runs else 1))
     out = pd.DataFrame(rows)
     pv = pair_values(scored, strict, n_boot, seed, alpha, draws=draws)
     if pv.empty: return out
-    pv["draws"] = pv["model"].map(lambda m: int(n_draws.get(str(m), 1)))
+    pv["draws"] = pv["model"].map(lambda m: len(runs[str(m)]) if str(m) in runs else 1)
     order = {m: i for i, m in enumerate(dict.fromkeys(out["model"]))}
     both = pd.concat([out, pv], ignore_index=True)
     return both.iloc[np.argsort(both["model"].map(order).to_numpy(), kind="stable")].reset_index(drop=True)

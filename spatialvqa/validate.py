@@ -375,9 +375,10 @@ class AtlasAnswerer:
     name = "atlas"
     needs_fit = True
 
-    def __init__(self, seed: int = 0, loso: bool = False):
+    def __init__(self, seed: int = 0, loso: bool = False, name: str | None = None):
         self.seed, self.loso = int(seed), bool(loso)
         if self.loso: self.needs_fit = False
+        if name: self.name = name          # two atlases side by side (the filter's leave-one-out and 2-fold ones)
 
     def fit(self, records: Sequence[dict]) -> "AtlasAnswerer":
         per: dict[str, dict] = defaultdict(dict)
@@ -561,6 +562,7 @@ RULES = {"any": lambda k, n: k >= 1, "at_least_half": lambda k, n: 2 * k >= n,
 SOFT_MAJORITY = 0.5          # `soft_majority`: trivial when the mean probability of the correct answer reaches this
 RULE_NAMES = ("chance", "soft_majority", *RULES)   # chance: `chance_subsample` per task (numeric: soft_majority)
 ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": functools.partial(AtlasAnswerer, loso=True),
+             "atlas_2fold": functools.partial(AtlasAnswerer, loso=False, name="atlas_2fold"),   # cross-fitted like prior, text
              "textbook": TextbookAnswerer,
              "name_cue": NameCueAnswerer}
 

@@ -284,7 +284,7 @@ def test_process_results_equals_the_project_for_every_baseline(kept, out, tmp_pa
     assert len(per) == 4 * len(kept) and agg["mismatches"].tolist() == [0, 0, 0, 0]
     assert (per["project"] == per["harness"]).all()
     a = agg.set_index("model")
-    assert a.loc["oracle", "MCA AVG (Table 2: mean of tasks)"] == 100.0 and a.loc["oracle", "score (all questions)"] == 100.0
+    assert a.loc["oracle", "MCA AVG (mean of tasks)"] == 100.0 and a.loc["oracle", "score (all questions)"] == 100.0
     assert a.loc["random", "mc_accuracy (mean of questions)"] < 60
     # unreadable replies: 0 in both
     bad = score_predictions(kept, [dict(q, raw="I cannot tell") for q in preds["random"]], "refuser")

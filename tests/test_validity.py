@@ -66,7 +66,7 @@ def bench(tmp_path_factory):
     by = defaultdict(list)
     for t in twins: by[t["pair_of"]].append(t)
     recs = [x for r in orig for x in (r, *by[r["qid"]])]
-    val = V.validate(recs, structures, scans, answerers="prior,text,atlas,textbook,name_cue", rule="chance",
+    val = V.validate(recs, structures, scans, answerers=load_params("validate", ROOT / "params.yaml")["answerers"], rule="chance",
                      protect=V.is_real, audit="prior,text,atlas", seed=0)
     return {"recs": recs, "kept": val.kept, "val": val, "scans": scans, "copies": copies}
 
