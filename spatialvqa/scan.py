@@ -283,7 +283,7 @@ def _check_labels(vol: Volume) -> Volume:
         if not np.all(np.isfinite(a)): raise ScanError(path, "non-finite (NaN or inf) label values")
         frac = a[a != np.round(a)]
         if frac.size: raise ScanError(path, f"non-integer label values (e.g. {float(frac.flat[0]):g}); a label map must hold integer classes")
-    lo, hi = (a.min(), a.max())
+    lo, hi = 0 if a.dtype.kind == "u" else a.min(), a.max()
     if lo < 0: raise ScanError(path, f"negative label values (min {lo:g}); labels must be >= 0")
     if hi == 0: raise ScanError(path, "no foreground: every voxel is label 0")
     if int(hi) > np.iinfo(np.int64).max:
