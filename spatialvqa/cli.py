@@ -32,7 +32,7 @@ def _measure(a) -> int:
     _nibabel_without_pydicom()
     from spatialvqa.core import get_logger, write_json
     from spatialvqa.measure import measure_file
-    res = measure_file(a.labels, a.image, components=not a.no_components)
+    res = measure_file(a.labels, a.image, components=not a.no_components, processes=2)
     write_json(res, a.out)
     get_logger("cli").info("%d structures -> %s", len(res["structures"]), a.out)
     return 0
