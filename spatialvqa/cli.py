@@ -29,7 +29,8 @@ def _nibabel_without_pydicom() -> None:
     finally: del sys.modules["pydicom"]
 
 def _measure(a) -> int:
-    _nibabel_without_pydicom()
+    from spatialvqa import scan
+    scan._import_nibabel = _nibabel_without_pydicom  # if a file needs nibabel after all
     from spatialvqa.core import get_logger, write_json
     from spatialvqa.measure import measure_file
     res = measure_file(a.labels, a.image, components=not a.no_components, processes=2)
