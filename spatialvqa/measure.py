@@ -196,6 +196,11 @@ def _slab_pieces(view: np.ndarray, i0: int, i1: int, start: np.ndarray, connecti
 
 
 # %% ../nbs/15_measure.ipynb #e5c2a7d1
+def _distinct(a: np.ndarray) -> np.ndarray:
+    "The distinct values of the 1D array `a`, sorted: `np.unique(a)` without importing `numpy.ma`."
+    s = np.sort(a)
+    return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
+
 def _roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     "The smallest node of the connected component of each of `n` nodes, given undirected edges `a[e]`-`b[e]`."
     p = np.arange(n)
@@ -234,7 +239,7 @@ class _Pieces:
         lab = np.concatenate(self.labels)
         a, b = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (self.a, self.b))
         root = _roots(len(lab), a, b)
-        return lab, root, np.unique(root[lab > 0])
+        return lab, root, _distinct(root[lab > 0])
 
     def counts(self) -> dict[int, int]:
         if not self.labels: return {}
