@@ -8,6 +8,8 @@ Docs: https://spatialvqa.github.io/spatialvqa/cli.html.md"""
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import os
 import sys
@@ -27,10 +29,11 @@ def _nibabel_without_pydicom() -> None:
     finally: del sys.modules["pydicom"]
 
 def _measure(a) -> int:
-    _nibabel_without_pydicom()
+    from spatialvqa import scan
+    scan._import_nibabel = _nibabel_without_pydicom  # if a file needs nibabel after all
     from spatialvqa.core import get_logger, write_json
     from spatialvqa.measure import measure_file
-    res = measure_file(a.labels, a.image, components=not a.no_components)
+    res = measure_file(a.labels, a.image, components=not a.no_components, processes=2)
     write_json(res, a.out)
     get_logger("cli").info("%d structures -> %s", len(res["structures"]), a.out)
     return 0
@@ -145,10 +148,16 @@ def _sentence(e: BaseException) -> str:
         return f"{e.filename}: {e.strerror}" + (f" (and {e.filename2})" if e.filename2 else "")
     return str(e) or type(e).__name__
 
+_NO_GC = {"measure"}   # short commands whose process needs no cyclic garbage collection (see `_measure`)
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `spatialvqa` console script."
+    whole = argv is None                       # this process is the command (the console script), not a caller's
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((x for x in argv if not x.startswith("-")), None)  # the only positional before the subcommand's
+    if whole and command in _NO_GC:
+        gc.disable()
+        atexit.register(gc.freeze)              # the shutdown collection then skips every object
     a = _parser(lambda mod: command in _PLUGINS[mod]).parse_args(argv)
     if a.func is None: a = parser().parse_args(argv)  # a listed subcommand that `command` did not name (never expected)
     try:

@@ -16,7 +16,8 @@ from pathlib import Path
 __all__ = ['gunzip_bytes', 'prefetch', 'gunzip']
 
 # %% ../nbs/05_inflate.ipynb #778f4a24
-_PIECE = 8 << 20     # bytes inflated at a time
+_PIECE = 256 << 10  # bytes inflated at a time (at most)
+_FEED = 16 << 10     # compressed bytes handed to zlib-ng at a time
 _MAX_RATIO = 1032    # deflate never inflates more than ~1032 bytes per input byte
 
 def gunzip_bytes(raw: bytes | bytearray | memoryview) -> "np.ndarray":
@@ -28,16 +29,20 @@ def gunzip_bytes(raw: bytes | bytearray | memoryview) -> "np.ndarray":
     hint = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
     hint = min(hint, _MAX_RATIO * len(raw))               # a forged length field cannot make it allocate more
     out, at = np.empty(hint, np.uint8), 0                 # not zero-filled: every byte kept is written below
-    d, data = zlib_ng.decompressobj(wbits=31), raw
+    d, data, pos = zlib_ng.decompressobj(wbits=31), b"", 0
     try:
         while True:
             if d.eof:                                     # a member ended, its CRC checked: the next one, if any
-                data = memoryview(d.unused_data)
-                if not len(data): break
-                d = zlib_ng.decompressobj(wbits=31)
-            if not len(data): break                       # the input ended inside a member
-            piece = d.decompress(data, _PIECE)
-            data = d.unconsumed_tail
+                rest = d.unused_data                      # (the end of the input it was handed: the next member's start)
+                if not len(rest) and pos >= len(raw): break
+                data, d = rest, zlib_ng.decompressobj(wbits=31)
+            if not len(data) and pos < len(raw): data, pos = raw[pos:pos + _FEED], pos + _FEED
+            if len(data):
+                piece = d.decompress(data, _PIECE)
+                data = d.unconsumed_tail
+            else:                                         # all input handed over: what zlib-ng still holds, if any
+                piece = d.flush()
+                if not piece: break                       # nothing: the input ended inside a member
             end = at + len(piece)
             if end > len(out):                            # beyond the size hint: the buffer grows
                 grown = np.empty(max(2 * len(out), end), np.uint8)

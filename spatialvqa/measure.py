@@ -196,6 +196,11 @@ def _slab_pieces(view: np.ndarray, i0: int, i1: int, start: np.ndarray, connecti
 
 
 # %% ../nbs/15_measure.ipynb #e5c2a7d1
+def _distinct(a: np.ndarray) -> np.ndarray:
+    "The distinct values of the 1D array `a`, sorted: `np.unique(a)` without importing `numpy.ma`."
+    s = np.sort(a)
+    return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
+
 def _roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     "The smallest node of the connected component of each of `n` nodes, given undirected edges `a[e]`-`b[e]`."
     p = np.arange(n)
@@ -209,12 +214,15 @@ def _roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class _Pieces:
     "The pieces of successive slabs, joined through the planes they share; `counts()`: pieces per label."
     def __init__(self, plane: int):
-        self.plane, self.labels, self.a, self.b, self.n, self.last = plane, [], [], [], 0, None
+        self.plane, self.labels, self.a, self.b, self.n, self.last, self.head = plane, [], [], [], 0, None, None
 
     def add(self, n: int, run_piece: np.ndarray, after: np.ndarray | None, start: np.ndarray, value: np.ndarray):
         "The next slab: `_slab_pieces`'s answer, and its runs' flat `start`s and labels."
         lab = np.zeros(n + 1, np.int64)  # node 0 of each slab: the background
         lab[run_piece] = value
+        if self.head is None:  # the first slab's first plane: where slabs before these would join them
+            first = start < self.plane
+            self.head = start[first], value[first], run_piece[first].astype(np.int64)
         if self.last is not None:  # the previous slab labelled this slab's first plane too: join run by run
             prev_after, prev_lab, off = self.last
             first = start < self.plane
@@ -226,12 +234,30 @@ class _Pieces:
         self.last = None if after is None else (after, lab, self.n)
         self.n += n + 1
 
-    def counts(self) -> dict[int, int]:
-        if not self.labels: return {}
+    def _joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        "Label of every node, its root, and the roots of the pieces (label > 0), sorted."
         lab = np.concatenate(self.labels)
         a, b = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (self.a, self.b))
-        ids, cnt = np.unique(lab[np.unique(_roots(len(lab), a, b)[lab > 0])], return_counts=True)
+        root = _roots(len(lab), a, b)
+        return lab, root, _distinct(root[lab > 0])
+
+    def counts(self) -> dict[int, int]:
+        if not self.labels: return {}
+        lab, _, fg = self._joined()
+        ids, cnt = np.unique(lab[fg], return_counts=True)
         return dict(zip(ids.tolist(), cnt.tolist()))
+
+    def reduced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """These slabs' pieces joined, as one slab for `add_reduced` of the `_Pieces` of the slabs before them: the label
+        of each joined piece, and the first plane's runs (`start`, `value`) with the joined piece each lies in."""
+        lab, root, fg = self._joined()
+        start, value, node = self.head
+        return lab[fg], start, value, np.searchsorted(fg, root[node])
+
+    def add_reduced(self, labels: np.ndarray, start: np.ndarray, value: np.ndarray, piece: np.ndarray):
+        "The slabs after these, as `reduced()` of their own `_Pieces` gives them: they join this one's last slab."
+        self.add(len(labels), piece + 1, None, start, value)
+        self.labels[-1][1:] = labels
 
 
 # %% ../nbs/15_measure.ipynb #45089658
@@ -251,13 +277,56 @@ def _ahead(ex: ThreadPoolExecutor | None, fn: Callable, items: Sequence, n: int)
         for x in itertools.islice(it, 1): futures.append(ex.submit(fn, x))
         yield f.result()
 
+def _cores() -> int:
+    "CPU cores this process may run on."
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+def _measure_slabs(view: np.ndarray, bounds: Sequence[tuple[int, int]], mv: np.ndarray, t: np.ndarray, oblique: bool,
+                   connectivity: int | None, threads: int) -> tuple[dict, _Pieces]:
+    "Merged statistics and the `_Pieces` (when `connectivity` is given) of the slabs `bounds` of `view`, in order."
+    _, J, K = view.shape
+    def work(b):
+        runs = _slab_runs(view, *b)
+        return runs, (_slab_pieces(view, *b, runs[0], connectivity) if connectivity else None)
+    stats, pieces, threads = [], _Pieces(J * K), min(threads, len(bounds))
+    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as ex:
+        for (i0, i1), ((start, value, length), pc) in zip(bounds, _ahead(ex, work, bounds, 2 * threads)):
+            value = _label_ids(value)
+            stats.append(_slab_stats(start, value, length, i0, (i1 - i0, J, K), mv, t, oblique))
+            if pc is not None: pieces.add(*pc, start, value)
+    return _merge_stats(stats), pieces
+
+_FORK_SLABS = 8  # fewer slabs than this are measured in one process: a fork costs more than half of them
+
+def _forked(fn: Callable[[], object]) -> Callable[[], tuple[bool, object]]:
+    """Run `fn()` in a forked child process now; the returned function waits for it: `(True, result)`, or
+    `(False, None)` when the child failed (the caller then runs `fn` itself, to raise what it raised)."""
+    import pickle
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compute, send the result, and leave without the parent's exit handlers or buffers
+        try:
+            os.close(r)
+            try: data = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException: data = pickle.dumps((False, None))
+            with os.fdopen(w, "wb") as f: f.write(data)
+        finally: os._exit(0)
+    os.close(w)
+    def result() -> tuple[bool, object]:
+        with os.fdopen(r, "rb") as f: data = f.read()
+        os.waitpid(pid, 0)
+        return pickle.loads(data) if data else (False, None)
+    return result
+
 def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = True, connectivity: int = 26,
-                   labelmap: Mapping[int | str, str] | None = None, threads: int | None = None) -> list[Structure]:
+                   labelmap: Mapping[int | str, str] | None = None, threads: int | None = None,
+                   processes: int = 1) -> list[Structure]:
     """Measure every non-zero label of a 3D label map in one pass; `affine` maps voxel index to RAS+ mm.
 
     Returns one `Structure` per label present, sorted by label. `components`: also count connected pieces
-    (`connectivity` 6, 18 or 26; with cc3d). `labelmap`: id -> name overrides. `threads`: threads run-length encoding
-    slabs (default: the machine's cores, at most 8)."""
+    (`connectivity` 6, 18 or 26; with cc3d). `labelmap`: id -> name overrides. `processes`: 2 (or more) measures the
+    second half of the slabs in a forked process (POSIX, two cores or more, maps of 8 slabs or more). `threads`: threads run-length encoding slabs
+    in each process (default: the machine's cores, at most 8, shared among the processes)."""
     labels = np.asarray(labels)
     if labels.ndim != 3: raise ValueError(f"need a 3D label map, got shape {labels.shape}")
     if components: _check_connectivity(connectivity)
@@ -270,17 +339,23 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
     I, J, K = view.shape
     step = max(1, _SLAB_VOXELS // max(J * K, 1))
     bounds = [(i0, min(i0 + step, I)) for i0 in range(0, I, step)]
-    threads = min(threads or min(os.cpu_count() or 1, 8), len(bounds))
-    def work(b):
-        runs = _slab_runs(view, *b)
-        return runs, (_slab_pieces(view, *b, runs[0], connectivity) if components else None)
-    stats, pieces = [], _Pieces(J * K)
-    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as ex:
-        for (i0, i1), ((start, value, length), pc) in zip(bounds, _ahead(ex, work, bounds, 2 * threads)):
-            value = _label_ids(value)
-            stats.append(_slab_stats(start, value, length, i0, (i1 - i0, J, K), mv, t, oblique))
-            if pc is not None: pieces.add(*pc, start, value)
-    st = _merge_stats(stats)
+    processes = min(processes, _cores()) if hasattr(os, "fork") and len(bounds) >= _FORK_SLABS else 1
+    threads = threads or max(1, min(_cores(), 8) // processes)
+    def slabs(part):
+        return _measure_slabs(view, part, mv, t, oblique, connectivity if components else None, threads)
+    def later(part):  # slabs after others: statistics, and their pieces reduced for joining
+        st, pc = slabs(part)
+        return st, (pc.reduced() if components else None)
+    if processes > 1:  # the second half of the slabs in a forked process, the first half here
+        if components: import cc3d  # noqa: F401  (imported once, before the fork)
+        mid = len(bounds) // 2
+        other = _forked(lambda: later(bounds[mid:]))
+        try: st, pieces = slabs(bounds[:mid])
+        finally: ok, res = other()
+        if not ok: res = later(bounds[mid:])  # the child failed: here, to raise what it raised
+        st = _merge_stats([st, res[0]])
+        if components: pieces.add_reduced(*res[1])
+    else: st, pieces = slabs(bounds)
     if not len(st["ids"]): return []
     counts = pieces.counts() if components else None
     centroid = (mv @ (st["sums"] / st["count"]) + t[:, None]).T
@@ -413,16 +488,16 @@ def scan_info(scan: Scan) -> dict:
             "affine": [[float(v) for v in row] for row in lab.affine]}
 
 def measure_scan(scan: Scan, components: bool = True, connectivity: int = 26,
-                 labelmap: Mapping[int | str, str] | None = None) -> dict:
+                 labelmap: Mapping[int | str, str] | None = None, processes: int = 1) -> dict:
     "`{'scan': scan_info, 'structures': [record, ...]}` for every structure of `scan`'s label map, sorted by label."
-    ss = measure_labels(scan.labels.array, scan.labels.affine, components, connectivity, labelmap)
+    ss = measure_labels(scan.labels.array, scan.labels.affine, components, connectivity, labelmap, processes=processes)
     return {"scan": scan_info(scan), "structures": [s.to_dict() for s in ss]}
 
 def measure_file(labels: str | os.PathLike, image: str | os.PathLike | None = None, components: bool = True,
                  connectivity: int = 26, labelmap: Mapping[int | str, str] | None = None,
-                 scan_id: str | None = None) -> dict:
+                 scan_id: str | None = None, processes: int = 1) -> dict:
     "`measure_scan` of a label map file (and its CT, whose geometry must agree)."
-    return measure_scan(read_scan(labels, image, scan_id), components, connectivity, labelmap)
+    return measure_scan(read_scan(labels, image, scan_id), components, connectivity, labelmap, processes)
 
 # %% ../nbs/15_measure.ipynb #3e5d876f
 def _measure_record(rec: dict, components: bool = True, connectivity: int = 26) -> tuple[dict, list[dict]]:

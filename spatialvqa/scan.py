@@ -8,12 +8,14 @@ Docs: https://spatialvqa.github.io/spatialvqa/scan.html.md"""
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 
 # %% auto #0
@@ -29,6 +31,14 @@ class ScanError(ValueError):
     def __reduce__(self): return (type(self), (self.path, self.fault))
 
 # %% ../nbs/11_scan.ipynb #34165502
+_import_nibabel: Callable[[], None] | None = None   # how to import nibabel when it is first needed (None: plainly)
+
+def _nib():
+    "nibabel, imported when first needed (`_import_nibabel` first, when set): a plain `.nii.gz` is read without it."
+    if "nibabel" not in sys.modules and _import_nibabel is not None: _import_nibabel()
+    import nibabel
+    return nibabel
+
 @dataclass(eq=False)
 class Volume:
     "A 3D array with a 4x4 affine from voxel index `(i, j, k, 1)` to RAS+ world mm (voxel centres)."
@@ -53,7 +63,11 @@ class Volume:
     @property
     def axcodes(self) -> tuple[str, str, str]:
         "Direction (R/L, A/P, S/I) each index axis points to, e.g. `('R', 'A', 'S')`."
-        return tuple(nib.aff2axcodes(self.affine))
+        m = self.affine[:3, :3]
+        nz = m != 0
+        if np.isfinite(m).all() and (nz.sum(0) == 1).all() and (nz.sum(1) == 1).all():  # a scaled, flipped permutation
+            return tuple("LRPAIS"[2 * int(np.argmax(nz[:, j])) + int(m[nz[:, j], j][0] > 0)] for j in range(3))
+        return tuple(_nib().aff2axcodes(self.affine))
 
     def to_world(self, ijk) -> np.ndarray:
         "RAS+ mm of voxel indices `ijk` (shape `(3,)` or `(n, 3)`)."
@@ -109,7 +123,7 @@ def nifti_affine(img: nib.Nifti1Image, path: str | os.PathLike) -> np.ndarray:
     if int(hdr["sform_code"]) == 0 and int(hdr["qform_code"]) == 0:
         raise ScanError(path, "no orientation: NIfTI sform_code and qform_code are both 0")
     if int(hdr["sform_code"]) == 0:  # the qform scales by pixdim[1:4], where nibabel's load already turned a 0 into 1
-        with nib.openers.ImageOpener(str(path)) as f: raw = type(hdr).from_fileobj(f, check=False)
+        with _nib().openers.ImageOpener(str(path)) as f: raw = type(hdr).from_fileobj(f, check=False)
         pix = np.asarray(raw["pixdim"][1:4], dtype=np.float64)
         if not np.all(np.isfinite(pix)) or np.any(pix == 0):
             raise ScanError(path, f"zero or NaN voxel spacing {tuple(float(p) for p in pix)} in pixdim, which the qform (the only orientation) scales by")
@@ -118,13 +132,17 @@ def nifti_affine(img: nib.Nifti1Image, path: str | os.PathLike) -> np.ndarray:
         return np.array(img.affine, dtype=np.float64)
 
 def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    buf = _inflated(path)
+    plain = None if buf is None else _plain_nifti1(buf, path)
+    if plain is not None: return plain
     try:
+        nib = _nib()
         img = nib.load(str(path))
         if not isinstance(img, (nib.Nifti1Image, nib.Nifti2Image)):
             raise ScanError(path, f"not a NIfTI image (nibabel read it as {type(img).__name__})")
         affine = nifti_affine(img, path)
         _shape_3d(path, img.shape)  # refuse 2D/4D before reading any data
-        array = _gz_data(img, path)
+        array = _gz_data(img, path, buf)
         if array is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -135,19 +153,52 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 # %% ../nbs/11_scan.ipynb #50593a43
-def _gz_data(img, path: Path) -> np.ndarray | None:
-    "The data of the gzipped NIfTI `img` (read from `path`) on `inflate.gunzip`'s buffer; None when nibabel must read them."
+def _gz_data(img, path: Path, buf: np.ndarray | None = None) -> np.ndarray | None:
+    """The data of the gzipped NIfTI `img` (read from `path`) on `inflate.gunzip`'s buffer (`buf` when it was already
+    inflated); None when nibabel must read them."""
     from spatialvqa.inflate import gunzip
     p = img.dataobj
-    if not str(path).lower().endswith(".gz") or type(p) is not nib.arrayproxy.ArrayProxy or p.order != "F": return None
+    if not str(path).lower().endswith(".gz") or type(p) is not _nib().arrayproxy.ArrayProxy or p.order != "F": return None
     if p.slope not in (None, 1.0) or p.inter not in (None, 0.0) or p.dtype.hasobject: return None
     shape, dtype, offset = tuple(int(s) for s in p.shape), np.dtype(p.dtype), int(p.offset)
     n = int(np.prod(shape))
-    try: buf = gunzip(path)
+    try: buf = gunzip(path) if buf is None else buf
     except ValueError as e: raise ScanError(path, f"unreadable or corrupt: {e}") from None
     if len(buf) < offset + n * dtype.itemsize:
         raise ScanError(path, f"unreadable or corrupt: truncated, {len(buf)} bytes where the header describes {offset + n * dtype.itemsize}")
     return np.frombuffer(buf, dtype, n, offset).reshape(shape, order="F")
+
+_NIFTI1_TYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8", 1280: "u8"}
+
+def _inflated(path: Path) -> np.ndarray | None:
+    "A `.nii.gz` file inflated by `inflate.gunzip`; None for any other file, or when inflating fails (nibabel then says why)."
+    if not str(path).lower().endswith(".gz"): return None
+    from spatialvqa.inflate import gunzip
+    try: return gunzip(path)
+    except (OSError, ValueError): return None
+
+def _plain_nifti1(buf: np.ndarray, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Data and affine of the inflated single-file NIfTI-1 `buf` (read from `path`) when its header is plain: valid
+    and sform-oriented, unscaled data of a plain numeric type; None for anything else, which nibabel then reads."""
+    if len(buf) < 352 or bytes(buf[344:348]) != b"n+1\0": return None
+    end = next((e for e in "<>" if int(np.frombuffer(buf, e + "i4", 1)[0]) == 348), None)   # byte order from sizeof_hdr
+    if end is None: return None
+    field = lambda t, at, n=1: np.frombuffer(buf, end + t, n, at)
+    dim, code, bitpix = field("i2", 40, 8), int(field("i2", 70)[0]), int(field("i2", 72)[0])
+    offset, (slope, inter), sform = float(field("f4", 108)[0]), field("f4", 112, 2).tolist(), int(field("i2", 254)[0])
+    if not 1 <= dim[0] <= 7 or (dim[1:dim[0] + 1] < 1).any() or code not in _NIFTI1_TYPES or sform not in (1, 2, 3, 4):
+        return None
+    dtype = np.dtype(end + _NIFTI1_TYPES[code])
+    if bitpix != 8 * dtype.itemsize or offset < 352 or offset != int(offset): return None
+    if not (slope == 0 or not math.isfinite(slope) or (slope == 1 and inter == 0)): return None   # as nibabel: unscaled
+    shape = tuple(int(n) for n in dim[1:dim[0] + 1])
+    _shape_3d(path, shape)  # refuse 2D/4D as the nibabel path does, before the data
+    n, offset = math.prod(shape), int(offset)
+    if len(buf) < offset + n * dtype.itemsize:
+        raise ScanError(path, f"unreadable or corrupt: truncated, {len(buf)} bytes where the header describes {offset + n * dtype.itemsize}")
+    affine = np.eye(4)
+    affine[:3] = field("f4", 280, 12).reshape(3, 4)  # srow_x, srow_y, srow_z: nibabel's affine when sform_code is set
+    return _squeeze_to_3d(path, np.frombuffer(buf, dtype, n, offset).reshape(shape, order="F")), affine
 
 # %% ../nbs/11_scan.ipynb #2457a1de
 _NRRD_SPACES = {  # sign that turns each world axis of the named space into RAS+
@@ -283,7 +334,7 @@ def _check_labels(vol: Volume) -> Volume:
         if not np.all(np.isfinite(a)): raise ScanError(path, "non-finite (NaN or inf) label values")
         frac = a[a != np.round(a)]
         if frac.size: raise ScanError(path, f"non-integer label values (e.g. {float(frac.flat[0]):g}); a label map must hold integer classes")
-    lo, hi = (a.min(), a.max())
+    lo, hi = 0 if a.dtype.kind == "u" else a.min(), a.max()
     if lo < 0: raise ScanError(path, f"negative label values (min {lo:g}); labels must be >= 0")
     if hi == 0: raise ScanError(path, "no foreground: every voxel is label 0")
     if int(hi) > np.iinfo(np.int64).max:
@@ -314,6 +365,7 @@ def write_volume(vol: Volume, path: str | os.PathLike) -> Path:
     path = Path(path)
     ext, aff = _ext(path), np.asarray(vol.affine, dtype=np.float64)
     if ext in _NIFTI_EXT:
+        nib = _nib()
         cls = nib.Nifti1Image if np.array_equal(aff.astype(np.float32).astype(np.float64), aff) else nib.Nifti2Image
         img = cls(_nifti_dtype(np.asarray(vol.array)), aff)
         img.set_sform(aff, code=1)
@@ -402,7 +454,7 @@ def reorient(vol: Volume, perm=(0, 1, 2), flip=(False, False, False)) -> Volume:
 
 def canonical(vol: Volume) -> Volume:
     "Reorient `vol` so its index axes point as closely as possible to R, A, S."
-    ornt = nib.io_orientation(vol.affine)  # row = old axis: (new axis, +1/-1)
+    ornt = _nib().io_orientation(vol.affine)  # row = old axis: (new axis, +1/-1)
     perm = [0, 0, 0]
     flip = [False] * 3
     for old, (new, sign) in enumerate(ornt): perm[int(new)], flip[int(new)] = old, sign < 0
