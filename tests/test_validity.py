@@ -1,5 +1,5 @@
 """Acceptance of issue 9 on a small benchmark built here from the library (no pipeline output needed): the real
-TotalSegmentator and pyradiomics scans of the shared data plus a few phantoms are converted, given counterfactual
+TotalSegmentator and pyradiomics scans of the shared data plus eight phantoms are converted, given counterfactual
 copies (mirrored, resized), measured, asked about (each question with its twins on the copies) and validated exactly
 as the counterfactual/generate/validate stages do; then the validated set is attacked.
 
@@ -40,7 +40,7 @@ CHANCE = 0.25
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("validity")
-    make_cohort(tmp / "phantom", 5, seed=0, workers=0)
+    make_cohort(tmp / "phantom", 8, seed=0, workers=0)
     ts = shared_data("real-ct", "totalsegmentator")
     datasets = [{"name": "totalseg_s0001", "kind": "totalsegmentator", "path": str(ts / "s0001")},
                 {"name": "totalseg_dicom", "kind": "totalsegmentator", "path": str(ts / "dicom_example")},
