@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .core import atomic_write, get_logger, read_jsonl
-from .stats import bootstrap_means, bootstrap_ci, percentile_interval
+from .stats import bootstrap_means, bootstrap_ci, percentile_interval, _cluster_codes
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
 from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table, blind_gap, circular_eval,
@@ -24,8 +24,8 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
 
 # %% auto #0
 __all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
-           'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'cluster_of', 'pair_outcomes',
-           'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap', 'draw_means', 'draw_summary',
+           'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'task_matrix', 'cluster_of',
+           'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap', 'draw_summary',
            'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape', 'latex_table',
            'write_table', 'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values',
            'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations',
@@ -125,6 +125,11 @@ def read_scores(path: str | os.PathLike, models: Sequence[str] | None = None) ->
 
 # %% ../nbs/44_results.ipynb #c1da3285
 PAIR_COLUMNS = ("Pair acc.", "Flip pairs")
+
+def task_matrix(tasks, values) -> np.ndarray:
+    "(n, 5) of `values` in the column of each item's Table 2 task (`TABLE2_TASKS`), NaN elsewhere: the input of `bootstrap_means`."
+    t, v = np.asarray(tasks, dtype=object), np.asarray(values, dtype=float)
+    return np.where(t[:, None] == np.array(TABLE2_TASKS, dtype=object)[None, :], v[:, None], np.nan)
 
 def cluster_of(scored: pd.DataFrame) -> np.ndarray:
     "The bootstrap cluster of each scored row: its scan's family (`scan_family`: a counterfactual copy with its original)."
@@ -261,42 +266,32 @@ def run_bootstrap(runs: np.ndarray, clusters, n_boot: int = 2000, seed: int = 0,
     col = np.zeros(n, dtype=int) if columns is None else np.asarray(columns, dtype=int)
     m = int(n_columns) if n_columns is not None else int(col.max()) + 1 if n else 1
     M = np.zeros((n, m)); M[np.arange(n), col] = 1.0
-    codes, k = pd.factorize(pd.Series(np.asarray(clusters, dtype=object)).astype(str), sort=True)
+    codes, k = _cluster_codes(clusters, n)
     with np.errstate(invalid="ignore", divide="ignore"):
         est = (V.mean(axis=0) @ M) / M.sum(axis=0)
         rng, reps = np.random.default_rng(seed), np.empty((int(n_boot), m))
         for s in range(0, int(n_boot), 256):
             b = min(256, int(n_boot) - s)
             q = (rng.multinomial(R, np.full(R, 1.0 / R), size=b) / R) @ V         # item means over resampled runs
-            w = rng.multinomial(len(k), np.full(len(k), 1.0 / len(k)), size=b)[:, codes].astype(float)   # resampled clusters
+            w = rng.multinomial(k, np.full(k, 1.0 / k), size=b)[:, codes].astype(float)   # resampled clusters
             reps[s:s + b] = ((w * q) @ M) / (w @ M)
     return est, reps
 
-def draw_means(draws: pd.DataFrame | None) -> dict[str, dict[str, float]]:
-    "Per model of `draws`, each question's value averaged over its runs (qid → mean); {} without draws."
-    if draws is None or not len(draws): return {}
-    return {str(m): g.groupby("qid", sort=False)["value"].mean().to_dict() for m, g in draws.groupby("model", sort=False)}
+
 
 # %% ../nbs/44_results.ipynb #ff30256e
-def draw_summary(draws: pd.DataFrame, records: Sequence[Mapping], chance: Mapping[str, float] | None = None,
+def draw_summary(draws: pd.DataFrame, records: Sequence[Mapping], chance: Mapping[str, float],
                  n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
     """Per model of `draws` (`seed_draws` over `records`): `runs`, `seeds` (first-last), the MCA AVG of each run
     (macro mean of its task accuracies): `mca_mean`, `mca_sd`, `mca_low` / `mca_high` (the alpha/2 and 1 - alpha/2
     quantiles over runs), `mca_min`, `mca_max`; and the share of runs whose own scan-family bootstrap interval covers
-    `chance` (default: 1 / options, `chance_values`' rule): `covers_mca` for MCA AVG, `covers_task` over every run and task."""
-    recs = {str(r["qid"]): r for r in records}
-    if chance is None:
-        q = pd.DataFrame([{"task": r["task"], "k": len(r.get("options") or [])} for r in recs.values() if r["format"] == "mc"])
-        chance = {t: float((1 / g["k"]).mean()) for t, g in q.groupby("task")}
-        chance["MCA AVG"] = float(np.mean([chance[t] for t in TABLE2_TASKS if t in chance]))
+    `chance` (per task and MCA AVG, `chance_values`): `covers_mca` for MCA AVG, `covers_task` over every run and task."""
+    family = {str(r["qid"]): scan_family(str(r["scan_id"])) for r in records}
     rows = []
     for m, dm in draws[draws["task"].isin(TABLE2_TASKS)].groupby("model", sort=False):
         avgs, cover_avg, cover_task = [], [], []
         for d, g in dm.groupby("draw", sort=True):
-            vals = np.full((len(g), len(TABLE2_TASKS)), np.nan)
-            for j, t in enumerate(TABLE2_TASKS): vals[(g["task"] == t).to_numpy(), j] = g["value"].to_numpy(float)[(g["task"] == t).to_numpy()]
-            clusters = [scan_family(str(recs[q]["scan_id"])) for q in g["qid"]]
-            est, reps = bootstrap_means(vals, clusters, n_boot, seed)
+            est, reps = bootstrap_means(task_matrix(g["task"], g["value"]), g["qid"].astype(str).map(family).to_numpy(), n_boot, seed)
             with np.errstate(invalid="ignore"):
                 lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2], axis=0)
                 alo, ahi = np.nanquantile(np.nanmean(reps, axis=1), [alpha / 2, 1 - alpha / 2])
@@ -347,10 +342,7 @@ def table2_values(scored: pd.DataFrame, strict: bool = True, n_boot: int = 2000,
                 mra = (float(ne[0]), *percentile_interval(nr[:, 0], alpha))
             else: mra = (np.nan, np.nan, np.nan)
         else:
-            vals = np.full((len(mc), len(TABLE2_TASKS)), np.nan)
-            v = outcome(mc, strict)
-            for j, t in enumerate(TABLE2_TASKS): vals[(mc["task"] == t).to_numpy(), j] = v[(mc["task"] == t).to_numpy()]
-            est, reps = bootstrap_means(vals, cluster_of(mc), n_boot, seed)
+            est, reps = bootstrap_means(task_matrix(mc["task"], outcome(mc, strict)), cluster_of(mc), n_boot, seed)
             ci = bootstrap_ci(outcome(num, strict, "mra"), cluster_of(num), n_boot, seed, alpha) if len(num) else {}
             mra = (ci.get("estimate", np.nan), ci.get("ci_low", np.nan), ci.get("ci_high", np.nan))
         with np.errstate(invalid="ignore"):
