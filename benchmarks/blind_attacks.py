@@ -7,8 +7,8 @@ atlas and a text classifier on 2 folds. An answerer of the same kind in another 
 filter left. This script attacks the kept multiple-choice questions with:
 - the atlas (median anatomy of the training scans) cross-fitted on 3 and on 5 folds of the scan families;
 - the text classifier (question and options only) cross-fitted on 3 and on 5 folds;
-- a single-subject atlas: each question answered from ONE other scan family's measurements, averaged over every
-  other family (what a model that memorised one typical patient would know).
+- a single-subject atlas: each question answered from ONE other (original) scan's measurements, averaged over every
+  such scan outside its family (what a model that memorised one patient would know).
 Each question counts by the answerer's expected rightness (ties and undecided questions as 1/m; cross-fitted
 answerers averaged over `--seeds` splits, seeds from 10 up, never the filter's 0-3), and the script prints the
 MCA AVG and per-task accuracy with 95% intervals from a bootstrap over scan families (2,000 replicates).
@@ -22,8 +22,6 @@ import numpy as np
 
 from spatialvqa.core import read_records
 from spatialvqa.counterfactual import scan_family
-from spatialvqa.measure import Structure
-from spatialvqa.questions import evaluate
 from spatialvqa.stats import bootstrap_means
 from spatialvqa.validate import AtlasAnswerer, TextAnswerer, cross_fit, expected_right
 
@@ -49,26 +47,19 @@ def cross_fitted(records, make, folds: int, seeds) -> dict:
     return right
 
 
-def _structure(m: dict) -> Structure:
-    c, e = np.asarray(m["bbox_center_mm"], float), np.asarray(m["extent_mm"], float)
-    return Structure(label=int(m["label"]), name=m["name"], voxels=int(m["voxels"]), volume_ml=float(m["volume_ml"]),
-                     centroid=tuple(m["centroid_mm"]), bbox_min=tuple(c - e / 2), bbox_max=tuple(c + e / 2))
-
-
-def single_subject(records, all_records) -> dict:
-    per = collections.defaultdict(dict)
-    for r in all_records:
-        for m in (r.get("measurements") or {}).get("structures") or []: per[scan_family(m["scan_id"])][m["name"]] = m
+def single_subject(records, pool) -> dict:
+    """Each question's expected rightness from ONE other scan at a time (`validate.AtlasAnswerer` fitted on that scan's
+    measurements alone, taken from `pool`, every generated question, so that a scan knows every structure asked about
+    it; ties and undecided questions as 1/m), averaged over every original scan outside the question's family that
+    holds all the structures it names (counterfactual copies are not subjects: a mirrored scan is no patient)."""
+    per = collections.defaultdict(list)
+    for r in pool:
+        for m in (r.get("measurements") or {}).get("structures") or []: per[m["scan_id"]].append(m)
+    atlases = {s: AtlasAnswerer().fit([{"measurements": {"structures": ms}}]) for s, ms in per.items() if scan_family(s) == s}
     right = {}
     for r in records:
-        own, vals = scan_family(r["scan_id"]), []
-        for fam, ms in per.items():
-            if fam == own: continue
-            try: ev = evaluate(r, [{n: _structure(m) for n, m in ms.items()}] * len(r.get("scan_ids") or [r["scan_id"]]))
-            except (KeyError, ValueError, ZeroDivisionError, TypeError): continue    # a structure that scan lacks
-            t = ev["truth"]
-            best = [i for i, x in enumerate(t) if x is True] or [i for i, x in enumerate(t) if x is None] or list(range(len(t)))
-            vals.append(float("ABCD".index(r["answer_letter"]) in best) / len(best))
+        k, own = "ABCD".index(r["answer_letter"]), scan_family(r["scan_id"])
+        vals = [a.proba(r)[k] for s, a in atlases.items() if s != own and all(n in a.atlas for n in r["structures"])]
         right[r["qid"]] = float(np.mean(vals)) if vals else 1 / len(r["options"])
     return right
 
@@ -77,6 +68,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--benchmark", default="data/benchmark/validated.jsonl")
     p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--pool", default="data/benchmark/questions.jsonl",
+                   help="the generated questions whose measurements make the single-subject atlases (every structure asked about)")
     a = p.parse_args(argv)
     everything = read_records(a.benchmark)
     mc = [r for r in everything if r["format"] == "mc"]
@@ -87,7 +80,7 @@ def main(argv=None):
     for folds in (3, 5):
         print(line(f"atlas, {folds}-fold (mean of {a.seeds} splits)", mc, cross_fitted(mc, lambda s: AtlasAnswerer(seed=s), folds, seeds)), flush=True)
         print(line(f"text classifier, {folds}-fold (mean of {a.seeds} splits)", mc, cross_fitted(mc, lambda s: TextAnswerer(seed=s), folds, seeds)), flush=True)
-    print(line("single-subject atlas (mean over other scans)", mc, single_subject(mc, everything)))
+    print(line("single-subject atlas (mean over other scans)", mc, single_subject(mc, read_records(a.pool))))
 
 
 if __name__ == "__main__":
