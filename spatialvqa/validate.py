@@ -467,7 +467,9 @@ class TextbookAnswerer(AtlasAnswerer):
         try:
             if sub in ("COMP.extreme", "VOL.threshold"):
                 v = np.array([tv(o) for o in opts], float)
-                return int(np.argmax(v) if sp["sense"] > 0 else np.argmin(v))
+                best = np.nanmax(v) if sp["sense"] > 0 else np.nanmin(v)
+                if np.isnan(v).any() or (v == best).sum() != 1: return None   # a volume it lacks, or a tie: undecided
+                return int(np.argmax(v == best))
             if sub == "COMP.than":
                 return int(np.argmax([(tv(o) / tv(sp["ref"])) ** sp["sense"] for o in opts]))
             if sub == "COMP.rank":

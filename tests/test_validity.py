@@ -123,8 +123,10 @@ def _textbook(r):
     opts = sp.get("options") or []
     try:
         if sub in ("COMP.extreme", "VOL.threshold"):
-            v = [tv(o) for o in opts]
-            return "ABCD"[int(np.argmax(v) if sp["sense"] > 0 else np.argmin(v))]
+            v = np.array([tv(o) for o in opts], float)
+            best = np.nanmax(v) if sp["sense"] > 0 else np.nanmin(v)
+            if not np.isnan(v).any() and (v == best).sum() == 1:   # a volume it lacks, or a tie: it cannot tell
+                return "ABCD"[int(np.argmax(v == best))]
         if sub == "COMP.than":
             rv = tv(sp["ref"])
             return "ABCD"[int(np.argmax([(tv(o) / rv) ** sp["sense"] for o in opts]))]
