@@ -34,11 +34,11 @@ log = get_logger(__name__)
 # %% auto #0
 __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput', 'Adapter',
            'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
-           'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'AtlasAdapter', 'TextbookAdapter', 'NameCueAdapter',
-           'OracleAdapter', 'data_url', 'OpenAIAdapter', 'GeminiAdapter', 'ReplayAdapter', 'make_inputs', 'run_config',
-           'prediction_key', 'partial_path', 'compact', 'lock_path', 'RunSummary', 'run_inference', 'parse_config',
-           'model_entry', 'scored_models', 'infer', 'add_cli', 'free_text_config', 'ReportOracleAdapter',
-           'AnswerPriorAdapter', 'VolumeSideAdapter']
+           'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'AtlasAdapter', 'TextbookAdapter',
+           'SubjectAtlasAdapter', 'NameCueAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter', 'GeminiAdapter',
+           'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact', 'lock_path',
+           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli',
+           'free_text_config', 'ReportOracleAdapter', 'AnswerPriorAdapter', 'VolumeSideAdapter']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -208,6 +208,12 @@ class AtlasAdapter(_CrossFit):
 class TextbookAdapter(_CrossFit):
     "The textbook (`validate.TextbookAnswerer`): typical volumes, sides, depths and levels of the anatomy reference; no training."
     answerer = "textbook"
+
+@register("atlas_subject")
+class SubjectAtlasAdapter(_CrossFit):
+    """One other patient (`validate.SubjectAtlasAnswerer`): each question answered from the measurements of an original
+    scan drawn, by `seed`, among those outside its scan family; no training."""
+    answerer = "atlas_subject"
 
 @register("name_cue")
 class NameCueAdapter(_CrossFit):

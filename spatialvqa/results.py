@@ -316,6 +316,7 @@ DEFAULT_MODEL_INFO = {
     "probe": {"label": "Probe (CT features)", "size": "-", "backbones": "I3ResNet-152 (frozen) + MiniLM-L6 / linear head"},
     "atlas": {"label": "Atlas (2-fold)", "size": "-", "backbones": "- (median anatomy of other scans)"},
     "atlas_loso": {"label": "Atlas (leave-one-out; filter)", "size": "-", "backbones": "- (median anatomy of all other scans)"},
+    "atlas_subject": {"label": "One other patient (filter)", "size": "-", "backbones": "- (a drawn scan\x27s anatomy)"},
     "textbook": {"label": "Textbook (filter)", "size": "-", "backbones": "- (anatomy reference table)"},
     "name_cue": {"label": "Name cues (filter)", "size": "-", "backbones": "- (side words in the names)"},
 }

@@ -36,12 +36,13 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP', 'FILTERS', 'SCORES',
            'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise',
            'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features',
-           'TextAnswerer', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'blind_prompt',
-           'blind_answer', 'LLMAnswerer', 'llm_answerer', 'make_answerers', 'cross_fit', 'vote', 'trivial',
-           'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'balance_letters', 'Validation',
-           'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
-           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
-           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
+           'TextAnswerer', 'median_structure', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer',
+           'NameCueAnswerer', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'llm_answerer',
+           'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers', 'chance_subsample',
+           'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary', 'blind_accuracy',
+           'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet', 'Reviews',
+           'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown', 'write_validation',
+           'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -367,6 +368,20 @@ class TextAnswerer:
         return [self.predict_one(r) for r in records]
 
 # %% ../nbs/24_validate.ipynb #41aada6c
+def median_structure(name: str, ms: Sequence[Mapping]) -> Structure:
+    "One `Structure` from the measurements `ms` of structure `name` in one or more scans: the median of each (box by centre and extent)."
+    med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
+    c, e = med("bbox_center_mm"), med("extent_mm")
+    return Structure(label=int(ms[0]["label"]), name=name, voxels=int(med("voxels")), volume_ml=float(med("volume_ml")),
+                     centroid=tuple(med("centroid_mm").tolist()), bbox_min=tuple((c - e / 2).tolist()),
+                     bbox_max=tuple((c + e / 2).tolist()))
+
+def _settled(ev: dict) -> np.ndarray:
+    "The options an `evaluate` result makes right (else those it leaves undecided), equally likely."
+    score = np.array([2 if t is True else 1 if t is None else 0 for t in ev["truth"]])
+    best = (score == score.max()).astype(float)
+    return best / best.sum()
+
 class AtlasAnswerer:
     """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
     With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
@@ -392,12 +407,7 @@ class AtlasAnswerer:
         out = {}
         for n, by_scan in self._per.items():
             ms = [m for s, m in by_scan.items() if scan_family(s) not in exclude]
-            if not ms: continue
-            med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
-            c, e = med("bbox_center_mm"), med("extent_mm")
-            out[n] = Structure(label=int(ms[0]["label"]), name=n, voxels=int(med("voxels")),
-                               volume_ml=float(med("volume_ml")), centroid=tuple(med("centroid_mm").tolist()),
-                               bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
+            if ms: out[n] = median_structure(n, ms)
         return out
 
     def _evaluate(self, r: dict) -> dict | None:
@@ -413,10 +423,7 @@ class AtlasAnswerer:
         "The options the atlas makes right (else those it leaves undecided), equally likely."
         if r["format"] != "mc": return None
         ev = self._evaluate(r)
-        if ev is None: return _uniform(len(r["options"]))
-        score = np.array([2 if t is True else 1 if t is None else 0 for t in ev["truth"]])
-        best = (score == score.max()).astype(float)
-        return (best / best.sum()).tolist()
+        return _uniform(len(r["options"])) if ev is None else _settled(ev).tolist()
 
     def predict_one(self, r: dict):
         if r["format"] != "mc":
@@ -467,8 +474,9 @@ class TextbookAnswerer(AtlasAnswerer):
         try:
             if sub in ("COMP.extreme", "VOL.threshold"):
                 v = np.array([tv(o) for o in opts], float)
-                best = np.nanmax(v) if sp["sense"] > 0 else np.nanmin(v)
-                if np.isnan(v).any() or (v == best).sum() != 1: return None   # a volume it lacks, or a tie: undecided
+                if np.isnan(v).any(): return None                          # a volume it lacks: undecided
+                best = v.max() if sp["sense"] > 0 else v.min()
+                if (v == best).sum() != 1: return None                     # ... and a tie
                 return int(np.argmax(v == best))
             if sub == "COMP.than":
                 return int(np.argmax([(tv(o) / tv(sp["ref"])) ** sp["sense"] for o in opts]))
@@ -522,6 +530,60 @@ class NameCueAnswerer:
     def predict(self, records: Sequence[dict]) -> list:
         return [None if r["format"] != "mc" else _pick(r, self.proba(r), self.seed) for r in records]
 
+# %% ../nbs/24_validate.ipynb #6d04f59e
+class SubjectAtlasAnswerer(AtlasAnswerer):
+    """Answers each question from ONE other patient: an original scan drawn among those outside the question's scan
+    families that hold every structure it names, its own measurements (no median), through `evaluate` (ties by a
+    coin). `proba`: the distribution of that answer over the draw and the coin (hence `sampled`: `expected_right`
+    reads the correct option's probability). Fitted, like the leave-one-out atlas, on every record: it only collects
+    the scans' measurements."""
+    name = "atlas_subject"
+    needs_fit, loso, sampled = False, True, True
+
+    def __init__(self, seed: int = 0, name: str | None = None):
+        self.seed = int(seed)
+        if name: self.name = name
+
+    def fit(self, records: Sequence[dict]) -> "SubjectAtlasAnswerer":
+        per: dict[str, dict] = defaultdict(dict)
+        for r in records:
+            for m in (r.get("measurements") or {}).get("structures") or []:
+                if scan_family(m["scan_id"]) == m["scan_id"]: per[m["scan_id"]][m["name"]] = m
+        self.measured = dict(sorted(per.items()))      # per original scan, its measurements by structure name
+        self.subjects = {s: {n: median_structure(n, [m]) for n, m in ms.items()} for s, ms in self.measured.items()}
+        self._cache = {}
+        return self
+
+    def answers(self, r: dict) -> dict[str, dict]:
+        "Per eligible subject (in scan order: other scan families, every structure known), its `evaluate` result."
+        key = (r["qid"], repr(r.get("options")))
+        if key not in self._cache:
+            ids = r.get("scan_ids") or [r["scan_id"]]
+            own, out = {scan_family(s) for s in ids}, {}
+            for s, body in self.subjects.items():
+                if s in own: continue
+                try: out[s] = evaluate(r, [body] * len(ids))
+                except (KeyError, ZeroDivisionError, ValueError, TypeError): continue    # a structure this patient lacks
+            self._cache[key] = out
+        return self._cache[key]
+
+    def proba(self, r: dict) -> list[float] | None:
+        if r["format"] != "mc": return None
+        evs = list(self.answers(r).values())
+        if not evs: return _uniform(len(r["options"]))
+        return np.mean([_settled(ev) for ev in evs], axis=0).tolist()
+
+    def _u(self, r: dict) -> float:
+        "A seeded number in [0, 1) from what a blind answerer sees (as `_guess`): the draw of patient and coin."
+        return int(stable_hash([self.seed, "subject", r.get("question"), list(r.get("options") or [])])[:12], 16) / 16 ** 12
+
+    def predict_one(self, r: dict):
+        if r["format"] != "mc":
+            evs = list(self.answers(r).values())
+            return evs[int(self._u(r) * len(evs))]["answer_value"] if evs else None
+        p = np.cumsum(self.proba(r))
+        return LETTERS[min(int(np.searchsorted(p, self._u(r) * p[-1], side="right")), len(p) - 1)]
+
 # %% ../nbs/24_validate.ipynb #6a22e078
 BLIND_SYSTEM = ("You are a radiologist answering questions about a CT scan that you cannot see. "
                 "Give your best answer from anatomical knowledge alone, in the requested format, without explanation.")
@@ -565,6 +627,7 @@ SOFT_MAJORITY = 0.5          # `soft_majority`: trivial when the mean probabilit
 RULE_NAMES = ("chance", "soft_majority", *RULES)   # chance: `chance_subsample` per task (numeric: soft_majority)
 ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": functools.partial(AtlasAnswerer, loso=True),
              "atlas_2fold": functools.partial(AtlasAnswerer, loso=False, name="atlas_2fold"),   # cross-fitted like prior, text
+             "atlas_subject": SubjectAtlasAnswerer,   # one other patient, drawn: not the median
              "textbook": TextbookAnswerer,
              "name_cue": NameCueAnswerer}
 
@@ -599,7 +662,8 @@ def _answer(a, records: Sequence[dict]) -> list[dict]:
     "Each record's `pred` by answerer `a`, and its option probabilities (`proba`) when `a` gives them."
     preds = a.predict(records)
     probas = [a.proba(r) for r in records] if hasattr(a, "proba") else [None] * len(records)
-    return [{"pred": p, "proba": q} for p, q in zip(preds, probas)]
+    extra = {"sampled": True} if getattr(a, "sampled", False) else {}
+    return [{"pred": p, "proba": q, **extra} for p, q in zip(preds, probas)]
 
 def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed: int = 0) -> dict[str, dict[str, dict]]:
     """Per qid and answerer, the blind answer `{"pred": letter or number, "proba": option probabilities or None}`,
@@ -634,9 +698,11 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
 # %% ../nbs/24_validate.ipynb #2f73198a
 def expected_right(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> float:
     """How often a blind answer `entry` (`pred`, `proba`) is right when its ties are broken by a fair coin: with option
-    probabilities, 1/m when the correct option is among the m most probable ones, else 0; without them, 1 or 0."""
+    probabilities, 1/m when the correct option is among the m most probable ones, else 0 (an answerer that draws its
+    answer from its probabilities, `sampled`, is right with the correct option's probability); without them, 1 or 0."""
     if record["format"] == "mc" and entry.get("proba") is not None:
         p = np.asarray(entry["proba"], float)
+        if entry.get("sampled"): return float(p[LETTERS.index(record["answer_letter"])] / p.sum())   # a drawn answer
         top = p.max() - p < 1e-12
         return float(top[LETTERS.index(record["answer_letter"])]) / float(top.sum())
     return float(is_right(record, entry.get("pred"), rel_tol))

@@ -124,9 +124,9 @@ def _textbook(r):
     try:
         if sub in ("COMP.extreme", "VOL.threshold"):
             v = np.array([tv(o) for o in opts], float)
-            best = np.nanmax(v) if sp["sense"] > 0 else np.nanmin(v)
-            if not np.isnan(v).any() and (v == best).sum() == 1:   # a volume it lacks, or a tie: it cannot tell
-                return "ABCD"[int(np.argmax(v == best))]
+            if np.isnan(v).any(): return None                        # a volume it lacks: it cannot tell
+            best = v.max() if sp["sense"] > 0 else v.min()
+            if (v == best).sum() == 1: return "ABCD"[int(np.argmax(v == best))]   # (a tie: neither)
         if sub == "COMP.than":
             rv = tv(sp["ref"])
             return "ABCD"[int(np.argmax([(tv(o) / rv) ** sp["sense"] for o in opts]))]
