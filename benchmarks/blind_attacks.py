@@ -2,17 +2,18 @@
 
     .venv/bin/python benchmarks/blind_attacks.py [--benchmark data/benchmark/validated.jsonl] [--seeds 20]
 
-The filter holds seven blind answerers at chance (`validate.answerers`), among them a leave-one-scan-out atlas (the
-median of all other scans), a 2-fold atlas, one other patient drawn per question (`atlas_subject`) and a text
-classifier on 2 folds. An answerer of the same kind in another form could still find what the filter left. This
-script attacks the kept multiple-choice questions with:
+The filter holds eight blind answerers at chance (`validate.answerers`), among them a leave-one-scan-out atlas (the
+median of all other scans), a 2-fold atlas, one other patient and the median of 3 other patients drawn per question
+(`atlas_subject`, `atlas_3subjects`) and a text classifier on 2 folds. An answerer of the same kind in another form
+could still find what the filter left. This script attacks the kept multiple-choice questions with:
 - the atlas (median anatomy of the training scans) cross-fitted on 3 and on 5 folds of the scan families;
 - the text classifier (question and options only) cross-fitted on 3 and on 5 folds;
-- the median of k other patients, k = 2, 3, 5: for each question, k original scans drawn among those outside its
-  family that know its structures (`--seeds` draws), between the filter's one patient and its median of all;
-- for reference, the filter's own one-patient answerer (`validate.SubjectAtlasAnswerer`), not an unused attacker.
-Each question counts by the answerer's expected rightness (ties and undecided questions as 1/m; a drawn patient by
-the share of patients that answer right; the others averaged over `--seeds` splits or draws, seeds from 10 up, never
+- the median of k other patients, k = 2, 5, 10 (`validate.SubjectAtlasAnswerer`): for each question, groups of k
+  original scans among those outside its family that know its structures (64 groups drawn), between the filter's
+  one patient, its median of 3 and its median of all;
+- for reference, the filter's own one patient and median of 3 (not unused attackers).
+Each question counts by the answerer's expected rightness (ties and undecided questions as 1/m; drawn patients by
+the share of groups that answer right; the others averaged over `--seeds` splits, seeds from 10 up, never
 the filter's 0-3), and the script prints the MCA AVG and per-task accuracy with 95% intervals from a bootstrap over
 scan families (2,000 replicates). Patients are taken from `--pool` (every generated question), so that each knows
 every structure asked about it.
@@ -27,8 +28,7 @@ import numpy as np
 from spatialvqa.core import read_records
 from spatialvqa.counterfactual import scan_family
 from spatialvqa.stats import bootstrap_means
-from spatialvqa.validate import (AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, _answer, cross_fit, expected_right,
-                                 median_structure)
+from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, _answer, cross_fit, expected_right
 
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
 
@@ -52,33 +52,12 @@ def cross_fitted(records, make, folds: int, seeds) -> dict:
     return right
 
 
-def one_patient(records, subjects: SubjectAtlasAnswerer) -> dict:
-    "The filter's `atlas_subject`: how often one other patient, drawn, answers right (its `proba` of the right option)."
-    return {r["qid"]: expected_right(r, _answer(subjects, [r])[0]) for r in records}
-
-
-def k_patients(records, subjects: SubjectAtlasAnswerer, k: int, seeds) -> dict:
-    """How often the median of k other patients answers right: per question and seed, k scans drawn among the patients
-    that `subjects` finds eligible for it (other families, every structure known; all of them when fewer than k),
-    answered by the median of their measurements (`validate.median_structure`, the atlas's own), ties as 1/m."""
-    right, cache = {}, {}
-    for r in records:
-        elig = sorted(subjects.answers(r))
-        if not elig:
-            right[r["qid"]] = 1 / len(r["options"]); continue
-        vals = []
-        for s in seeds:
-            pick = tuple(sorted(np.random.default_rng([s, k, len(elig)] + [ord(c) for c in r["qid"]]).choice(
-                elig, size=min(k, len(elig)), replace=False).tolist()))
-            if pick not in cache:
-                names = set().union(*(subjects.measured[p] for p in pick))
-                body = {n: median_structure(n, [subjects.measured[p][n] for p in pick if n in subjects.measured[p]]) for n in names}
-                a = AtlasAnswerer()
-                a.atlas, a.loso = body, False
-                cache[pick] = a
-            vals.append(expected_right(r, {"pred": None, "proba": cache[pick].proba(r)}))
-        right[r["qid"]] = float(np.mean(vals))
-    return right
+def patients(records, pool, k: int) -> dict:
+    """How often the median of k other patients answers right (`validate.SubjectAtlasAnswerer`: groups of k original
+    scans outside the question's family that know its structures, all of them or 64 drawn; ties as 1/m), its
+    patients taken from `pool`."""
+    a = SubjectAtlasAnswerer(k=k).fit(pool)
+    return {r["qid"]: expected_right(r, _answer(a, [r])[0]) for r in records}
 
 
 def main(argv=None):
@@ -97,10 +76,11 @@ def main(argv=None):
     for folds in (3, 5):
         print(line(f"atlas, {folds}-fold (mean of {a.seeds} splits)", mc, cross_fitted(mc, lambda s: AtlasAnswerer(seed=s), folds, seeds)), flush=True)
         print(line(f"text classifier, {folds}-fold (mean of {a.seeds} splits)", mc, cross_fitted(mc, lambda s: TextAnswerer(seed=s), folds, seeds)), flush=True)
-    subjects = SubjectAtlasAnswerer().fit(read_records(a.pool))
-    for k in (2, 3, 5):
-        print(line(f"median of {k} other patients (mean of {a.seeds} draws)", mc, k_patients(mc, subjects, k, seeds)), flush=True)
-    print(line("one other patient (the filter's atlas_subject, for reference)", mc, one_patient(mc, subjects)))
+    pool = read_records(a.pool)
+    for k in (2, 5, 10):
+        print(line(f"median of {k} other patients (64 groups drawn)", mc, patients(mc, pool, k)), flush=True)
+    for k, name in ((1, "one other patient"), (3, "median of 3 other patients")):
+        print(line(f"{name} (the filter's own, for reference)", mc, patients(mc, pool, k)), flush=True)
 
 
 if __name__ == "__main__":

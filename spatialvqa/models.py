@@ -211,9 +211,16 @@ class TextbookAdapter(_CrossFit):
 
 @register("atlas_subject")
 class SubjectAtlasAdapter(_CrossFit):
-    """One other patient (`validate.SubjectAtlasAnswerer`): each question answered from the measurements of an original
-    scan drawn, by `seed`, among those outside its scan family; no training."""
+    """One other patient (`validate.SubjectAtlasAnswerer`), or with `k` > 1 the median of k: each question answered from
+    the measurements of original scans drawn, by `seed`, among those outside its scan family; no training."""
     answerer = "atlas_subject"
+
+    def __init__(self, seed: int = 0, folds: int = 2, k: int = 1, **kw):
+        super().__init__(seed=seed, folds=folds, k=int(k), **kw)
+
+    def _make(self) -> list:
+        from spatialvqa.validate import SubjectAtlasAnswerer
+        return [SubjectAtlasAnswerer(seed=self.config["seed"], k=self.config["k"])]
 
 @register("name_cue")
 class NameCueAdapter(_CrossFit):

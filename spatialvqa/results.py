@@ -317,6 +317,7 @@ DEFAULT_MODEL_INFO = {
     "atlas": {"label": "Atlas (2-fold)", "size": "-", "backbones": "- (median anatomy of other scans)"},
     "atlas_loso": {"label": "Atlas (leave-one-out; filter)", "size": "-", "backbones": "- (median anatomy of all other scans)"},
     "atlas_subject": {"label": "One other patient (filter)", "size": "-", "backbones": "- (a drawn scan\x27s anatomy)"},
+    "atlas_3subjects": {"label": "Median of 3 other patients (filter)", "size": "-", "backbones": "- (3 drawn scans\x27 median anatomy)"},
     "textbook": {"label": "Textbook (filter)", "size": "-", "backbones": "- (anatomy reference table)"},
     "name_cue": {"label": "Name cues (filter)", "size": "-", "backbones": "- (side words in the names)"},
 }

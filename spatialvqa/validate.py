@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 import os
 import re
@@ -532,16 +533,19 @@ class NameCueAnswerer:
 
 # %% ../nbs/24_validate.ipynb #6d04f59e
 class SubjectAtlasAnswerer(AtlasAnswerer):
-    """Answers each question from ONE other patient: an original scan drawn among those outside the question's scan
-    families that hold every structure it names, its own measurements (no median), through `evaluate` (ties by a
-    coin). `proba`: the distribution of that answer over the draw and the coin (hence `sampled`: `expected_right`
-    reads the correct option's probability). Fitted, like the leave-one-out atlas, on every record: it only collects
-    the scans' measurements."""
+    """Answers each question from ONE other patient (`k` = 1), or from the median of `k` others: a group of `k`
+    original scans drawn among those outside the question's scan families that know every structure it names
+    (`eligible`), their own measurements (`median_structure`), through `evaluate` (ties by a coin). The groups are
+    all of them when there are at most `draws`, else `draws` of them drawn by a hash of what a blind answerer sees.
+    `proba`: the distribution of the answer over the groups and the coin (hence `sampled`: `expected_right` reads
+    the correct option's probability). Fitted, like the leave-one-out atlas, on every record: it only collects the
+    scans' measurements."""
     name = "atlas_subject"
     needs_fit, loso, sampled = False, True, True
 
-    def __init__(self, seed: int = 0, name: str | None = None):
-        self.seed = int(seed)
+    def __init__(self, seed: int = 0, k: int = 1, draws: int = 64, name: str | None = None):
+        if int(k) < 1 or int(draws) < 1: raise ValueError(f"k and draws must be at least 1, got k={k}, draws={draws}")
+        self.seed, self.k, self.draws = int(seed), int(k), int(draws)
         if name: self.name = name
 
     def fit(self, records: Sequence[dict]) -> "SubjectAtlasAnswerer":
@@ -550,36 +554,56 @@ class SubjectAtlasAnswerer(AtlasAnswerer):
             for m in (r.get("measurements") or {}).get("structures") or []:
                 if scan_family(m["scan_id"]) == m["scan_id"]: per[m["scan_id"]][m["name"]] = m
         self.measured = dict(sorted(per.items()))      # per original scan, its measurements by structure name
-        self.subjects = {s: {n: median_structure(n, [m]) for n, m in ms.items()} for s, ms in self.measured.items()}
-        self._cache = {}
+        self._bodies, self._cache = {}, {}
         return self
 
-    def answers(self, r: dict) -> dict[str, dict]:
-        "Per eligible subject (in scan order: other scan families, every structure known), its `evaluate` result."
+    def eligible(self, r: dict) -> list[str]:
+        "The patients who may answer `r`: original scans outside its scan families that know every structure it names."
+        ids = r.get("scan_ids") or [r["scan_id"]]
+        own, need = {scan_family(s) for s in ids}, set(r.get("structures") or [])
+        return [s for s, ms in self.measured.items() if s not in own and need <= ms.keys()]
+
+    def groups(self, r: dict) -> list[tuple[str, ...]]:
+        "The groups of `k` eligible patients that answer `r` (fewer when fewer are eligible): all, or `draws` drawn."
+        el = self.eligible(r)
+        k = min(self.k, len(el))
+        if k == 0: return []
+        if math.comb(len(el), k) <= self.draws: return list(itertools.combinations(el, k))
+        rng = np.random.default_rng(int(stable_hash(["groups", self.k, r.get("question"), list(r.get("options") or [])])[:12], 16))
+        return [tuple(sorted(rng.choice(el, size=k, replace=False).tolist())) for _ in range(self.draws)]
+
+    def body(self, group: tuple[str, ...]) -> dict[str, Structure]:
+        "The median anatomy of the patients in `group` (each structure over those who have it)."
+        if group not in self._bodies:
+            names = dict.fromkeys(n for s in group for n in self.measured[s])
+            self._bodies[group] = {n: median_structure(n, [self.measured[s][n] for s in group if n in self.measured[s]])
+                                   for n in names}
+        return self._bodies[group]
+
+    def answers(self, r: dict) -> list[dict]:
+        "The `evaluate` result of every group of `groups` (a group that lacks a structure `evaluate` needs is left out)."
         key = (r["qid"], repr(r.get("options")))
         if key not in self._cache:
-            ids = r.get("scan_ids") or [r["scan_id"]]
-            own, out = {scan_family(s) for s in ids}, {}
-            for s, body in self.subjects.items():
-                if s in own: continue
-                try: out[s] = evaluate(r, [body] * len(ids))
-                except (KeyError, ZeroDivisionError, ValueError, TypeError): continue    # a structure this patient lacks
+            n, out = len(r.get("scan_ids") or [r["scan_id"]]), []
+            for g in self.groups(r):
+                try: out.append(evaluate(r, [self.body(g)] * n))
+                except (KeyError, ZeroDivisionError, ValueError, TypeError): continue
             self._cache[key] = out
         return self._cache[key]
 
     def proba(self, r: dict) -> list[float] | None:
         if r["format"] != "mc": return None
-        evs = list(self.answers(r).values())
+        evs = self.answers(r)
         if not evs: return _uniform(len(r["options"]))
         return np.mean([_settled(ev) for ev in evs], axis=0).tolist()
 
     def _u(self, r: dict) -> float:
-        "A seeded number in [0, 1) from what a blind answerer sees (as `_guess`): the draw of patient and coin."
+        "A seeded number in [0, 1) from what a blind answerer sees (as `_guess`): the draw of group and coin."
         return int(stable_hash([self.seed, "subject", r.get("question"), list(r.get("options") or [])])[:12], 16) / 16 ** 12
 
     def predict_one(self, r: dict):
         if r["format"] != "mc":
-            evs = list(self.answers(r).values())
+            evs = self.answers(r)
             return evs[int(self._u(r) * len(evs))]["answer_value"] if evs else None
         p = np.cumsum(self.proba(r))
         return LETTERS[min(int(np.searchsorted(p, self._u(r) * p[-1], side="right")), len(p) - 1)]
@@ -628,6 +652,7 @@ RULE_NAMES = ("chance", "soft_majority", *RULES)   # chance: `chance_subsample` 
 ANSWERERS = {"prior": PriorAnswerer, "text": TextAnswerer, "atlas": functools.partial(AtlasAnswerer, loso=True),
              "atlas_2fold": functools.partial(AtlasAnswerer, loso=False, name="atlas_2fold"),   # cross-fitted like prior, text
              "atlas_subject": SubjectAtlasAnswerer,   # one other patient, drawn: not the median
+             "atlas_3subjects": functools.partial(SubjectAtlasAnswerer, k=3, name="atlas_3subjects"),   # the median of 3 drawn
              "textbook": TextbookAnswerer,
              "name_cue": NameCueAnswerer}
 
