@@ -38,12 +38,12 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise',
            'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features',
            'TextAnswerer', 'median_structure', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer',
-           'NameCueAnswerer', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'llm_answerer',
-           'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers', 'chance_subsample',
-           'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary', 'blind_accuracy',
-           'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet', 'Reviews',
-           'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown', 'write_validation',
-           'add_cli']
+           'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
+           'llm_answerer', 'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers',
+           'chance_subsample', 'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary',
+           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
+           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
+           'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -532,6 +532,20 @@ class NameCueAnswerer:
         return [None if r["format"] != "mc" else _pick(r, self.proba(r), self.seed) for r in records]
 
 # %% ../nbs/24_validate.ipynb #6d04f59e
+class GroupMedian(Mapping):
+    """The median anatomy of a `group` of patients (`measured`: per scan, its measurements by structure name), each
+    structure computed when first asked for: a question needs a handful of the hundred structures a body holds."""
+    def __init__(self, measured: Mapping[str, Mapping[str, Mapping]], group: Sequence[str]):
+        self._m, self._g, self._done = measured, tuple(group), {}
+        self._names = dict.fromkeys(n for s in self._g for n in measured[s])
+    def __getitem__(self, name: str) -> Structure:
+        if name not in self._done:
+            if name not in self._names: raise KeyError(name)
+            self._done[name] = median_structure(name, [self._m[s][name] for s in self._g if name in self._m[s]])
+        return self._done[name]
+    def __iter__(self): return iter(self._names)
+    def __len__(self) -> int: return len(self._names)
+
 class SubjectAtlasAnswerer(AtlasAnswerer):
     """Answers each question from ONE other patient (`k` = 1), or from the median of `k` others: a group of `k`
     original scans drawn among those outside the question's scan families that know every structure it names
@@ -572,12 +586,9 @@ class SubjectAtlasAnswerer(AtlasAnswerer):
         rng = np.random.default_rng(int(stable_hash(["groups", self.k, r.get("question"), list(r.get("options") or [])])[:12], 16))
         return [tuple(sorted(rng.choice(el, size=k, replace=False).tolist())) for _ in range(self.draws)]
 
-    def body(self, group: tuple[str, ...]) -> dict[str, Structure]:
-        "The median anatomy of the patients in `group` (each structure over those who have it)."
-        if group not in self._bodies:
-            names = dict.fromkeys(n for s in group for n in self.measured[s])
-            self._bodies[group] = {n: median_structure(n, [self.measured[s][n] for s in group if n in self.measured[s]])
-                                   for n in names}
+    def body(self, group: tuple[str, ...]) -> Mapping[str, Structure]:
+        "The median anatomy of the patients in `group` (each structure over those who have it; `GroupMedian`)."
+        if group not in self._bodies: self._bodies[group] = GroupMedian(self.measured, group)
         return self._bodies[group]
 
     def answers(self, r: dict) -> list[dict]:
