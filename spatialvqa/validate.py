@@ -550,7 +550,7 @@ class SubjectAtlasAnswerer(AtlasAnswerer):
     """Answers each question from ONE other patient (`k` = 1), or from the median of `k` others: a group of `k`
     original scans drawn among those outside the question's scan families that know every structure it names
     (`eligible`), their own measurements (`median_structure`), through `evaluate` (ties by a coin). The groups are
-    all of them when there are at most `draws`, else `draws` of them drawn by a hash of what a blind answerer sees.
+    all of them when there are at most `draws`, else `draws` of them drawn by a hash of the question and its option set.
     `proba`: the distribution of the answer over the groups and the coin (hence `sampled`: `expected_right` reads
     the correct option's probability). Fitted, like the leave-one-out atlas, on every record: it only collects the
     scans' measurements."""
@@ -563,7 +563,10 @@ class SubjectAtlasAnswerer(AtlasAnswerer):
         if name: self.name = name
 
     def fit(self, records: Sequence[dict]) -> "SubjectAtlasAnswerer":
-        per: dict[str, dict] = defaultdict(dict)
+        """Adds the original scans of `records` to the patients it knows, with every structure a question measured in
+        them: a patient's anatomy does not shrink when the filter's later rounds, fitted again on the questions left,
+        drop the questions that named some of it (recalled anatomy is not learned from the benchmark)."""
+        per: dict[str, dict] = defaultdict(dict, {s: dict(ms) for s, ms in getattr(self, "measured", {}).items()})
         for r in records:
             for m in (r.get("measurements") or {}).get("structures") or []:
                 if scan_family(m["scan_id"]) == m["scan_id"]: per[m["scan_id"]][m["name"]] = m
@@ -583,7 +586,8 @@ class SubjectAtlasAnswerer(AtlasAnswerer):
         k = min(self.k, len(el))
         if k == 0: return []
         if math.comb(len(el), k) <= self.draws: return list(itertools.combinations(el, k))
-        rng = np.random.default_rng(int(stable_hash(["groups", self.k, r.get("question"), list(r.get("options") or [])])[:12], 16))
+        opts = sorted(map(str, r.get("options") or []))     # the option set, not its order: letter balancing permutes it
+        rng = np.random.default_rng(int(stable_hash(["groups", self.k, r.get("question"), opts])[:12], 16))
         return [tuple(sorted(rng.choice(el, size=k, replace=False).tolist())) for _ in range(self.draws)]
 
     def body(self, group: tuple[str, ...]) -> Mapping[str, Structure]:
