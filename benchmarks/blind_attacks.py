@@ -14,7 +14,7 @@ could still find what the filter left. This script attacks the kept multiple-cho
 - for reference, the filter's own one patient and median of 3 (not unused attackers).
 Each question counts by the answerer's expected rightness (ties and undecided questions as 1/m; drawn patients by
 the share of groups that answer right; the others averaged over `--seeds` splits, seeds from 10 up, never
-the filter's 0-3), and the script prints the MCA AVG and per-task accuracy with 95% intervals from a bootstrap over
+the filter's 0-7), and the script prints the MCA AVG and per-task accuracy with 95% intervals from a bootstrap over
 scan families (2,000 replicates). Patients are taken from `--pool` (every generated question), so that each knows
 every structure asked about it.
 """
@@ -31,6 +31,7 @@ from spatialvqa.stats import bootstrap_means
 from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, _answer, cross_fit, expected_right
 
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
+MISSES: list[bool] = []     # per printed interval: whether it misses chance
 
 
 def line(name: str, records, right: dict) -> str:
@@ -39,8 +40,11 @@ def line(name: str, records, right: dict) -> str:
     est, reps = bootstrap_means(vals, [scan_family(r["scan_id"]) for r in records], 2000, 0)
     lo, hi = np.nanquantile(reps, [0.025, 0.975], axis=0)
     avg = np.nanmean(reps, axis=1)
-    cells = " | ".join(f"{100 * e:.1f} [{100 * l:.1f}, {100 * h:.1f}]" for e, l, h in zip(est, lo, hi))
-    return f"| {name} | {100 * np.nanmean(est):.1f} [{100 * np.quantile(avg, 0.025):.1f}, {100 * np.quantile(avg, 0.975):.1f}] | {cells} |"
+    alo, ahi = np.quantile(avg, [0.025, 0.975])
+    miss = lambda l, h: "" if l <= 0.25 <= h else " (misses chance)"     # exact bounds, before rounding
+    MISSES.extend(bool(miss(l, h)) for l, h in [(alo, ahi), *zip(lo, hi)])
+    cells = " | ".join(f"{100 * e:.1f} [{100 * l:.1f}, {100 * h:.1f}]{miss(l, h)}" for e, l, h in zip(est, lo, hi))
+    return f"| {name} | {100 * np.nanmean(est):.1f} [{100 * alo:.1f}, {100 * ahi:.1f}]{miss(alo, ahi)} | {cells} |"
 
 
 def cross_fitted(records, make, folds: int, seeds) -> dict:
@@ -81,6 +85,7 @@ def main(argv=None):
         print(line(f"median of {k} other patients (64 groups drawn)", mc, patients(mc, pool, k)), flush=True)
     for k, name in ((1, "one other patient"), (3, "median of 3 other patients")):
         print(line(f"{name} (the filter's own, for reference)", mc, patients(mc, pool, k)), flush=True)
+    print(f"\n{sum(MISSES)} of {len(MISSES)} intervals miss chance (exact bounds)")
 
 
 if __name__ == "__main__":
