@@ -27,24 +27,23 @@ import numpy as np
 
 from spatialvqa.core import read_records
 from spatialvqa.counterfactual import scan_family
+from spatialvqa.results import TABLE2_TASKS, task_matrix
 from spatialvqa.stats import bootstrap_means
 from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, _answer, cross_fit, expected_right
 
-TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
-MISSES: list[bool] = []     # per printed interval: whether it misses chance
 
-
-def line(name: str, records, right: dict) -> str:
-    vals = np.full((len(records), len(TASKS)), np.nan)
-    for i, r in enumerate(records): vals[i, TASKS.index(r["task"])] = right[r["qid"]]
+def line(name: str, records, right: dict) -> tuple[str, int, int]:
+    """One table row (MCA AVG and the Table 2 tasks, 95% scan-family bootstrap intervals), and how many of its
+    intervals miss chance (exact bounds, before rounding) out of how many."""
+    vals = task_matrix([r["task"] for r in records], [right[r["qid"]] for r in records])
     est, reps = bootstrap_means(vals, [scan_family(r["scan_id"]) for r in records], 2000, 0)
     lo, hi = np.nanquantile(reps, [0.025, 0.975], axis=0)
-    avg = np.nanmean(reps, axis=1)
-    alo, ahi = np.quantile(avg, [0.025, 0.975])
-    miss = lambda l, h: "" if l <= 0.25 <= h else " (misses chance)"     # exact bounds, before rounding
-    MISSES.extend(bool(miss(l, h)) for l, h in [(alo, ahi), *zip(lo, hi)])
+    alo, ahi = np.quantile(np.nanmean(reps, axis=1), [0.025, 0.975])
+    bounds = [(alo, ahi), *zip(lo, hi)]
+    miss = lambda l, h: "" if l <= 0.25 <= h else " (misses chance)"
     cells = " | ".join(f"{100 * e:.1f} [{100 * l:.1f}, {100 * h:.1f}]{miss(l, h)}" for e, l, h in zip(est, lo, hi))
-    return f"| {name} | {100 * np.nanmean(est):.1f} [{100 * alo:.1f}, {100 * ahi:.1f}]{miss(alo, ahi)} | {cells} |"
+    row = f"| {name} | {100 * np.nanmean(est):.1f} [{100 * alo:.1f}, {100 * ahi:.1f}]{miss(alo, ahi)} | {cells} |"
+    return row, sum(bool(miss(l, h)) for l, h in bounds), len(bounds)
 
 
 def cross_fitted(records, make, folds: int, seeds) -> dict:
@@ -75,17 +74,21 @@ def main(argv=None):
     mc = [r for r in everything if r["format"] == "mc"]
     seeds = range(10, 10 + a.seeds)
     print(f"{len(mc)} multiple-choice questions; chance 25.0\n")
-    print("| attacker (never used by the filter) | MCA AVG | " + " | ".join(TASKS) + " |")
-    print("|---|---|" + "---|" * len(TASKS))
-    for folds in (3, 5):
-        print(line(f"atlas, {folds}-fold (mean of {a.seeds} splits)", mc, cross_fitted(mc, lambda s: AtlasAnswerer(seed=s), folds, seeds)), flush=True)
-        print(line(f"text classifier, {folds}-fold (mean of {a.seeds} splits)", mc, cross_fitted(mc, lambda s: TextAnswerer(seed=s), folds, seeds)), flush=True)
+    print("| attacker | MCA AVG | " + " | ".join(TABLE2_TASKS) + " |")
+    print("|---|---|" + "---|" * len(TABLE2_TASKS))
     pool = read_records(a.pool)
-    for k in (2, 5, 10):
-        print(line(f"median of {k} other patients (64 groups drawn)", mc, patients(mc, pool, k)), flush=True)
-    for k, name in ((1, "one other patient"), (3, "median of 3 other patients")):
-        print(line(f"{name} (the filter's own, for reference)", mc, patients(mc, pool, k)), flush=True)
-    print(f"\n{sum(MISSES)} of {len(MISSES)} intervals miss chance (exact bounds)")
+    rows = [*((f"{what}, {folds}-fold (mean of {a.seeds} splits)", lambda folds=folds, make=make: cross_fitted(mc, make, folds, seeds))
+              for folds in (3, 5) for what, make in (("atlas", lambda s: AtlasAnswerer(seed=s)),
+                                                     ("text classifier", lambda s: TextAnswerer(seed=s)))),
+            *((f"median of {k} other patients (64 groups drawn)", lambda k=k: patients(mc, pool, k)) for k in (2, 5, 10))]
+    reference = [(f"{name} (the filter's own, for reference)", lambda k=k: patients(mc, pool, k))
+                 for k, name in ((1, "one other patient"), (3, "median of 3 other patients"))]
+    missed = total = 0
+    for i, (name, right) in enumerate(rows + reference):
+        row, m, n = line(name, mc, right())
+        print(row, flush=True)
+        if i < len(rows): missed, total = missed + m, total + n
+    print(f"\nattackers the filter never used: {missed} of {total} intervals miss chance (exact bounds)")
 
 
 if __name__ == "__main__":
