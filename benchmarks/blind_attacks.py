@@ -29,7 +29,7 @@ from spatialvqa.core import read_records
 from spatialvqa.counterfactual import scan_family
 from spatialvqa.results import TABLE2_TASKS, task_matrix
 from spatialvqa.stats import bootstrap_means
-from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, _answer, cross_fit, expected_right
+from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, cross_fit, expected_right, predictions
 
 
 def line(name: str, records, right: dict) -> tuple[str, int, int]:
@@ -60,7 +60,7 @@ def patients(records, pool, k: int) -> dict:
     scans outside the question's family that know its structures, all of them or 64 drawn; ties as 1/m), its
     patients taken from `pool`."""
     a = SubjectAtlasAnswerer(k=k).fit(pool)
-    return {r["qid"]: expected_right(r, _answer(a, [r])[0]) for r in records}
+    return {r["qid"]: expected_right(r, predictions(a, [r])[0]) for r in records}
 
 
 def main(argv=None):

@@ -277,8 +277,6 @@ def run_bootstrap(runs: np.ndarray, clusters, n_boot: int = 2000, seed: int = 0,
             reps[s:s + b] = ((w * q) @ M) / (w @ M)
     return est, reps
 
-
-
 # %% ../nbs/44_results.ipynb #ff30256e
 def draw_summary(draws: pd.DataFrame, records: Sequence[Mapping], chance: Mapping[str, float],
                  n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:

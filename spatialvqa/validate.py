@@ -34,16 +34,16 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
 
 # %% auto #0
 __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'ANSWERER_GROUP',
-           'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP', 'FILTERS', 'SCORES',
-           'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise',
-           'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features', 'question_features',
-           'TextAnswerer', 'median_structure', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer',
-           'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
-           'llm_answerer', 'make_answerers', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers',
-           'chance_subsample', 'is_real', 'balance_letters', 'Validation', 'filter_report', 'pair_summary',
-           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
-           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
-           'write_validation', 'add_cli']
+           'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_DRIFT', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP',
+           'LETTER_SLACK', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records',
+           'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features',
+           'question_features', 'TextAnswerer', 'median_structure', 'AtlasAnswerer', 'textbook_structure',
+           'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer',
+           'LLMAnswerer', 'llm_answerer', 'make_answerers', 'predictions', 'cross_fit', 'vote', 'trivial',
+           'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'balance_letters', 'Validation',
+           'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
+           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -546,7 +546,7 @@ class GroupMedian(Mapping):
     def __iter__(self): return iter(self._names)
     def __len__(self) -> int: return len(self._names)
 
-class SubjectAtlasAnswerer(AtlasAnswerer):
+class SubjectAtlasAnswerer:
     """Answers each question from ONE other patient (`k` = 1), or from the median of `k` others: a group of `k`
     original scans drawn among those outside the question's scan families that know every structure it names
     (`eligible`), their own measurements (`median_structure`), through `evaluate` (ties by a coin). The groups are
@@ -623,6 +623,8 @@ class SubjectAtlasAnswerer(AtlasAnswerer):
         p = np.cumsum(self.proba(r))
         return LETTERS[min(int(np.searchsorted(p, self._u(r) * p[-1], side="right")), len(p) - 1)]
 
+    def predict(self, records: Sequence[dict]) -> list: return [self.predict_one(r) for r in records]
+
 # %% ../nbs/24_validate.ipynb #6a22e078
 BLIND_SYSTEM = ("You are a radiologist answering questions about a CT scan that you cannot see. "
                 "Give your best answer from anatomical knowledge alone, in the requested format, without explanation.")
@@ -698,7 +700,7 @@ def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, see
     if llm: out += [llm_answerer(c, seed) for c in (llm if isinstance(llm, (list, tuple)) else [llm])]
     return out
 
-def _answer(a, records: Sequence[dict]) -> list[dict]:
+def predictions(a, records: Sequence[dict]) -> list[dict]:
     "Each record's `pred` by answerer `a`, and its option probabilities (`proba`) when `a` gives them."
     preds = a.predict(records)
     probas = [a.proba(r) for r in records] if hasattr(a, "proba") else [None] * len(records)
@@ -712,8 +714,8 @@ def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed
     pair; answerers with `needs_fit` False answer everything at once)."""
     out: dict[str, dict] = {r["qid"]: {} for r in records}
     for a in answerers:
-        if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: _answer(a.fit(tr), te), scan_family, folds, seed)
-        else: got = _answer(a.fit(records) if getattr(a, "loso", False) else a, records)
+        if getattr(a, "needs_fit", True): got, _ = cross_fit_by(records, lambda tr, te: predictions(a.fit(tr), te), scan_family, folds, seed)
+        else: got = predictions(a.fit(records) if getattr(a, "loso", False) else a, records)
         for r, e in zip(records, got): out[r["qid"]][a.name] = e
     return out
 
@@ -769,10 +771,12 @@ def blind_answers(records: Sequence[dict], answerers: Sequence, folds: int = 2, 
 
 # %% ../nbs/24_validate.ipynb #43dead52
 CHANCE_TOL = 0.015   # `chance`: every filter answerer's accuracy per task ends within chance +- this
-CHANCE_ROUNDS = 5    # ... refitting the answerers on the questions left after each round, at most this often
+CHANCE_ROUNDS = 8    # ... refitting the answerers on the questions left (and lettered as they ship) after each round, at most this often
+CHANCE_DRIFT = 1.5   # ... a task already cut is cut again in a later round only when an answerer drifts beyond this times tol
 CHANCE_SPLITS = 4    # ... each learned answerer cross-fitted on this many scan splits, its right answers averaged
 PROTECT_WEIGHT = 2.0 # ... the largest kept set counting a question about a protected (real) scan this many times
 FAMILY_CAP = 0.34    # ... and no scan family (a scan with its counterfactual copies) holding more than this share of a task
+LETTER_SLACK = 2     # ... and every correct letter on a quarter of a task's kept questions, give or take this many
 
 def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]:
     "(group id per record, distinct ids in order of first appearance); `groups`: ids, a function of a record, or None (each its own)."
@@ -783,10 +787,12 @@ def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]
     return gid, list(dict.fromkeys(gid))
 
 def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray,
-              family: Sequence[str] | None = None, cap: float | None = None) -> np.ndarray | None:
+              family: Sequence[str] | None = None, cap: float | None = None,
+              letters: np.ndarray | None = None, slack: float = 0.0) -> np.ndarray | None:
     """The largest (by `weight` x `size`) set of groups whose every answerer's accuracy, sum(G[kept]) / sum(size[kept]),
-    lies within `tol` of `chance`, no `family` (a scan with its copies) holding more than `cap` of the questions kept:
-    a 0/1 linear program (scipy's HiGHS); None when the solver finds nothing."""
+    lies within `tol` of `chance`, no `family` (a scan with its copies) holding more than `cap` of the questions kept,
+    and, with `letters` (per group, how many of its questions have each correct letter), every letter correct on a
+    quarter of the kept questions give or take `slack`: a 0/1 linear program (scipy's HiGHS); None when it finds nothing."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     up = G - (chance + tol) * size[:, None]                  # sum over kept groups <= 0: at most chance + tol
     lo = (chance - tol) * size[:, None] - G                  # ... and at least chance - tol
@@ -794,7 +800,13 @@ def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight
     if family is not None and cap is not None and cap < 1:
         fam = np.asarray(family)
         rows += [((fam == f).astype(float)[:, None] - cap) * size[:, None] for f in dict.fromkeys(family)]
-    res = milp(c=-(weight * size), constraints=LinearConstraint(np.hstack(rows).T, -np.inf, 1e-9),
+    if letters is not None:                                  # per letter: its count minus a quarter of the kept, within +- slack
+        dev = letters - size[:, None] / letters.shape[1]
+        rows += [dev, -dev]
+    A = np.hstack(rows).T
+    ub = np.full(A.shape[0], 1e-9)
+    if letters is not None: ub[-2 * letters.shape[1]:] += float(slack)
+    res = milp(c=-(weight * size), constraints=LinearConstraint(A, -np.inf, ub),
                integrality=np.ones(len(size)), bounds=Bounds(0, 1), options={"time_limit": 120, "mip_rel_gap": 1e-4})
     return None if res.x is None else res.x > 0.5
 
@@ -802,7 +814,8 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
                      tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0,
                      groups: Sequence[str] | Callable[[dict], str] | None = None,
                      right: Mapping[str, Mapping[str, float]] | None = None, method: str = "ilp",
-                     protect_weight: float = PROTECT_WEIGHT, family_cap: float | None = FAMILY_CAP) -> list[bool]:
+                     protect_weight: float = PROTECT_WEIGHT, family_cap: float | None = FAMILY_CAP,
+                     letter_slack: float | None = None, accept: float | None = None) -> list[bool]:
     """Which multiple-choice `records` (one task) to keep so that every answerer in `names` is right on about 1/k of
     them (within `tol` of chance, neither above nor below). How often an answerer is right on a question is
     `right[qid][name]` when given (`blind_answers`: averaged over scan splits and coins), else `expected_right` of its
@@ -812,7 +825,12 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
     at a time, each time the one whose removal brings the answerers' accuracies closest to chance (protected ones last
     among equally good ones; ties by a seeded order). Removing what the blind answerers get right *and* what they get
     wrong, the kept set is neither easy nor adversarial for them. `groups` (ids per record or a function, e.g.
-    `spatialvqa.counterfactual.pair_key`: a question and its counterfactual twins) are kept or dropped as a whole."""
+    `spatialvqa.counterfactual.pair_key`: a question and its counterfactual twins) are kept or dropped as a whole.
+    `letter_slack` (ilp; None: no limit): every correct letter on a quarter of the kept questions, give or take this
+    many, so that balancing the letters afterwards (`balance_letters`) has little to swap (dropped when the task
+    allows no such set). `accept`: when every answerer is already within this of chance on all of `records`, all are
+    kept (`validate`'s later rounds: a task cut to `tol` is cut again only when refitting moved an answerer beyond
+    `accept`; cut again at every drift past `tol`, the pipeline's set shrank round after round, 597 to 445 in 8 rounds)."""
     if method not in ("ilp", "greedy"): raise ValueError(f"method must be 'ilp' or 'greedy', got {method!r}")
     n = len(records)
     if n == 0 or not names: return [True] * n
@@ -821,6 +839,7 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
         if right is not None and a in right.get(r["qid"], {}): return float(right[r["qid"]][a])
         return expected_right(r, preds.get(r["qid"], {}).get(a) or {"pred": None, "proba": None})
     R = np.array([[hit(r, a) for a in names] for r in records])
+    if accept is not None and np.all(np.abs(R.mean(0) - chance) <= accept + 1e-12): return [True] * n
     gid, keys = _group_index(records, groups)
     at = {g: i for i, g in enumerate(keys)}
     M = np.zeros((len(keys), n))
@@ -832,10 +851,14 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
         for i, g in enumerate(gid): first.setdefault(g, i)
         fam = [scan_family(records[first[g]]) if records[first[g]].get("scan_id") else g for g in keys]
         caps = [family_cap] if family_cap is None else list(dict.fromkeys([family_cap, *(c for c in (0.5, None) if c is None or c > family_cap)]))
-        for cap in caps:                 # a cap the task cannot meet with 2 questions per letter is relaxed: a half, then none
-            keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0), fam, cap)
+        L = None if letter_slack is None else M @ np.array([[float(r.get("answer_letter") == l) for l in LETTERS] for r in records])
+        for lt in ([None] if L is None else [L, None]):
+            for cap in caps:             # a cap the task cannot meet with 2 questions per letter is relaxed: a half, then none
+                keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0), fam, cap, lt, letter_slack or 0)
+                if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
+                if cap is not None: get_logger(__name__).info("no kept set with at most %.0f%% of a task per scan family; relaxing", 100 * cap)
             if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
-            if cap is not None: get_logger(__name__).info("no kept set with at most %.0f%% of a task per scan family; relaxing", 100 * cap)
+            if lt is not None: get_logger(__name__).info("no kept set with letters within %s of a quarter; without that limit", letter_slack)
         if keep is not None: return [bool(keep[at[g]]) for g in gid]
         get_logger(__name__).warning("the linear program found no subset; dropping questions one at a time instead")
     penalty = np.where(prot, 1e-6, 0.0)
@@ -880,10 +903,13 @@ def _swap_letters(r: dict, target: int) -> dict:
     "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
     return _swap_positions(r, LETTERS.index(r["answer_letter"]), target)
 
-def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.ndarray, seed: int) -> list[int | None] | None:
+def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.ndarray, seed: int,
+                 stay: Sequence[int] | None = None) -> list[int | None] | None:
     """For each group, which of its option swaps to use (an index into `swaps[g]`, each the letter counts it gives), or
     None to drop it: every letter the same count, as many questions kept as possible (`weight`: protected groups
-    count more; a seeded jitter picks among equally good choices). A 0/1 linear program; None when it fails."""
+    count more; a seeded jitter picks among equally good choices). With `stay` (per group, the index that leaves its
+    options as they are) a second program keeps as many and swaps as few groups as it can. 0/1 linear programs; None
+    when one fails."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     idx = [(g, t) for g, opts in enumerate(swaps) for t in range(len(opts))]
     k = len(swaps[0][0]) if swaps else 0
@@ -898,19 +924,30 @@ def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.nda
     res = milp(c=c, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0)], integrality=np.ones(nv),
                bounds=Bounds(0, np.r_[np.ones(len(idx)), np.inf]), options={"time_limit": 120})
     if res.x is None: return None
+    if stay is not None:                                      # as many kept (by weight), then the fewest swaps
+        kw = np.zeros(nv); kw[:-1] = [weight[g] * size[g] for g, _ in idx]
+        tie = np.random.default_rng([seed, 1]).uniform(0, 0.5 / max(1, len(swaps)), len(idx))   # < 1 in all
+        c2 = np.zeros(nv); c2[:-1] = -(np.array([float(t == stay[g]) for g, t in idx]) + tie)
+        res2 = milp(c=c2, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0),
+                                       LinearConstraint(kw, float(kw @ np.round(res.x)) - 1e-6, np.inf)],
+                    integrality=np.ones(nv), bounds=Bounds(0, np.r_[np.ones(len(idx)), np.inf]), options={"time_limit": 120})
+        if res2.x is not None: res = res2
     out: list[int | None] = [None] * len(swaps)
     for j, (g, t) in enumerate(idx):
         if res.x[j] > 0.5: out[g] = t
     return out
 
 def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None,
-                    groups: Sequence[str] | Callable[[dict], str] | None = None) -> tuple[list[dict], list[dict]]:
+                    groups: Sequence[str] | Callable[[dict], str] | None = None,
+                    minimal: bool = True) -> tuple[list[dict], list[dict]]:
     """Exactly balanced correct letters per multiple-choice task: each question's correct option is swapped with the
     option at another letter (or stays), so that every letter is correct equally often; questions are dropped only as
     far as needed (as few as possible, un`protect`ed ones first). Returns (kept, dropped); numeric questions pass.
     `groups` (e.g. `pair_key`): a question and its twins share their options, so each group gets one swap (the
     original's correct option with the option at some letter, in every member; the twins' letters follow) and is kept
-    or dropped as a whole. The choice of swaps is a small 0/1 linear program (`_balance_ilp`, seeded)."""
+    or dropped as a whole. The choice of swaps is a small 0/1 linear program (`_balance_ilp`, seeded); `minimal`: among
+    the choices that keep the most, the one that swaps the fewest groups (each swap changes what a blind answerer that
+    reads the options sees, and breaks an ascending ladder of numbers, so a question that need not move stays)."""
     out, dropped = [], []
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -934,7 +971,7 @@ def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[d
             swaps.append(opts); pairs_of.append(o)
         size = np.array([len(members[g]) for g in keys], float)
         weight = np.array([PROTECT_WEIGHT if protect and any(protect(rs[j]) for j in members[g]) else 1.0 for g in keys])
-        choice = _balance_ilp(swaps, size, weight, s)
+        choice = _balance_ilp(swaps, size, weight, s, pairs_of if minimal else None)
         if choice is None:
             get_logger(__name__).warning("%s: the letters could not be balanced; kept as they are", task)
             choice = [pairs_of[i] for i in range(len(keys))]
@@ -1044,17 +1081,24 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
              folds: int = 2, seed: int = 0, rel_tol: float = REL_TOL,
              audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
              protect: Callable[[dict], bool] | None = None, splits: int = CHANCE_SPLITS, tol: float = CHANCE_TOL,
-             method: str = "ilp", family_cap: float | None = FAMILY_CAP, protect_weight: float = PROTECT_WEIGHT) -> Validation:
+             method: str = "ilp", family_cap: float | None = FAMILY_CAP, protect_weight: float = PROTECT_WEIGHT,
+             letter_slack: float | None = LETTER_SLACK) -> Validation:
     """Filter a Track A benchmark: plausibility (`structure_problems`), near-duplicates (`dedup`), then triviality
     (blind `answerers` plus LLMs in `llm`, cross-fitted over `folds` scan folds; a question is removed when its
     votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
     answerer is right at chance within `tol`, `chance_subsample` with `method`, by how often each answerer is right on
     a question over `splits` scan splits (seeds `seed` ... `seed + splits - 1`) and coins, `blind_answers`; `protect`ed
     ones counting `protect_weight` times, no scan family more than `family_cap` of a task), then, with `balance`, the correct letters
-    are balanced exactly per task (`balance_letters`). `audit`: answerers re-trained within the kept and within the removed questions, on a
-    fresh scan split (seed `seed + splits`, never used to filter; two more fresh seeds on the kept questions in
-    `audit.more_seeds`), to report what shortcuts remain (None: no audit). A question and its counterfactual twins
-    (`pair_key`) are kept or removed together by every filter, and share their letter swap. Returns a `Validation`."""
+    are balanced exactly per task (`balance_letters`). With rule `chance` and `balance` the two are one fixed point: the
+    letters are balanced before the answerers first see the questions, the subsample keeps every letter within
+    `letter_slack` of a quarter, the few swaps that restore exact balance follow each round, and the answerers are
+    refitted on the questions as they are then lettered until a round neither drops nor swaps anything (at most
+    `CHANCE_ROUNDS`; a task is cut again only when an answerer drifted beyond `CHANCE_DRIFT` x `tol`; the summary's
+    `rounds`: how many, the swaps, whether the set settled, and the tasks a later round left as they were). `audit`:
+    answerers re-trained within the kept and within the removed questions, on a fresh scan split (seed `seed + splits`,
+    never used to filter; two more fresh seeds on the kept questions in `audit.more_seeds`), to report what shortcuts
+    remain (None: no audit). A question and its counterfactual twins (`pair_key`) are kept or removed together by
+    every filter, and share their letter swap. Returns a `Validation`."""
     log = get_logger(__name__)
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     records = list(records)
@@ -1070,36 +1114,72 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         removed += rm
     ans = make_answerers(answerers, llm, seed)
     seeds = [seed + k for k in range(max(1, int(splits)))] if rule == "chance" else [seed]
+    surplus_why = "surplus over a multiple of four in its task (exact letter balance)"
+    fixpoint = bool(balance and rule == "chance" and ans)
+    if fixpoint and pool:
+        # the letters are balanced BEFORE the blind answerers see the questions: a text classifier reads the options
+        # in their order, and with the letters swapped after the filter it answered one kept DIST set at 25.3-29.5 %
+        # depending on the swap, where the filter had held it at chance on the order before the swap
+        bal, surplus = balance_letters(pool, seed, protect, groups=pair_key)
+        removed += [_removed(r, "balance", surplus_why) for r in surplus]
+        at = {r["qid"]: r for r in bal}
+        pool = [at[r["qid"]] for r in pool if r["qid"] in at]
     preds, right = blind_answers(pool, ans, folds, seeds, rel_tol) if ans and pool else ({r["qid"]: {} for r in pool}, {})
+    before, pool_before = dict(preds), list(pool)                 # before filtering, each question lettered as it then was
     kept = []
-    drop_mc: dict[str, str] = {}
+    cut: dict[str, str] = {}
+    drop_bal: set[str] = set()
+    rounds = {"rounds": 0, "swapped": 0, "converged": True, "settled_tasks": []}
     if rule == "chance" and ans:
         # rounds: the answerers learn (and the atlas takes its medians) from the questions still in the set, so
-        # after each subsample they are fitted again on what is left, until nothing more is dropped; a later round
-        # that would leave a task fewer than two questions per letter is not applied to it (the task stays as it was:
-        # without that, DIR on the real scans went in the test cohort; the refitted answerers are then reported on it)
+        # after each subsample they are fitted again on what is left (with `balance`, after the few letter swaps that
+        # restore exact balance), until a round changes nothing; a later round that would leave a task fewer than two
+        # questions per letter is not applied to it (the task stays as it was: without that, DIR on the real scans
+        # went in the test cohort; the refitted answerers are then reported on it)
         names, live, settled = [a.name for a in ans], list(pool), set()
+        cur = {r["qid"]: r for r in pool}
+        changed = False
         for rnd in range(CHANCE_ROUNDS):
             if rnd:
                 now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
                 preds.update(now); right.update(now_right)
-            dropped = 0
+            dropped = moved = 0
             for t in MC_TASKS:
                 rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
                 if t in settled or not rs: continue
-                keep = chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key, right=right,
-                                        method=method, protect_weight=protect_weight, family_cap=family_cap)
+                keep = chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key,
+                                        right=right, method=method, protect_weight=protect_weight, family_cap=family_cap,
+                                        letter_slack=letter_slack if balance else None,
+                                        accept=CHANCE_DRIFT * tol if rnd else None)
                 if rnd and sum(keep) < 2 * len(LETTERS) <= len(rs):
                     settled.add(t); continue
                 for r, k in zip(rs, keep):
                     if not k:
-                        drop_mc[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
+                        cut[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
                         dropped += 1
-            live = [r for r in live if r["qid"] not in drop_mc]
-            if not dropped: break
+            live = [r for r in live if r["qid"] not in cut]
+            if fixpoint:
+                bal, surplus = balance_letters(live, seed, protect, groups=pair_key)
+                drop_bal |= {r["qid"] for r in surplus}
+                moved = sum(b["options"] != cur[b["qid"]]["options"] for b in bal)
+                at = {b["qid"]: b for b in bal}
+                live = [at[r["qid"]] for r in live if r["qid"] in at]
+                cur.update(at)
+                dropped += len(surplus)
+            rounds = {"rounds": rnd + 1, "swapped": rounds["swapped"] + moved, "converged": True, "settled_tasks": sorted(settled)}
+            log.info("filter round %d: %d dropped, %d swapped, %d left", rnd + 1, dropped, moved, len(live))
+            changed = bool(dropped or moved)
+            if not changed: break
+        if changed:                  # out of rounds: the answers reported are still those of the set as it ships
+            log.warning("the filter still changed the set in its last of %d rounds; its answerers are refitted on what it keeps", CHANCE_ROUNDS)
+            now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
+            preds.update(now); right.update(now_right)
+            rounds["converged"] = False
+        pool = [cur[r["qid"]] for r in pool]
     decided = {}
     for r in pool:
-        if rule == "chance" and r["format"] == "mc": decided[r["qid"]] = r["qid"] in drop_mc, drop_mc.get(r["qid"], "")
+        if r["qid"] in drop_bal: decided[r["qid"]] = True, surplus_why
+        elif rule == "chance" and r["format"] == "mc": decided[r["qid"]] = r["qid"] in cut, cut.get(r["qid"], "")
         else: decided[r["qid"]] = trivial(r, preds[r["qid"]], rule, rel_tol)
     lost = {}                                                    # a pair goes as a whole: the first member dropped
     for r in pool:
@@ -1112,11 +1192,11 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         extra = {"blind": {a: x["pred"] for a, x in e.items()},
                  "blind_vote": {a: round(vote(r, x, rel_tol), 4) for a, x in e.items() if x["pred"] is not None},
                  "blind_right": sum(is_right(r, x["pred"], rel_tol) for x in e.values())}
-        if drop: removed.append(_removed(r, "triviality", why, **extra))
+        if drop: removed.append(_removed(r, "balance" if r["qid"] in drop_bal else "triviality", why, **extra))
         else: kept.append({**r, **extra})
-    if balance:
+    if balance:                  # with the fixed point above (rule chance) there is nothing left to swap or drop here
         kept, surplus = balance_letters(kept, seed, protect, groups=pair_key)
-        removed += [_removed(r, "balance", "surplus over a multiple of four in its task (exact letter balance)") for r in surplus]
+        removed += [_removed(r, "balance", surplus_why) for r in surplus]
         pos = {r["qid"]: i for i, r in enumerate(pool)}
         kept.sort(key=lambda r: pos[r["qid"]])
     # the blind answers as the kept records now letter them (balancing swaps options)
@@ -1133,11 +1213,12 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
                      "max_components": max_components, "dedup_threshold": dedup_threshold,
                      "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol,
                      "split_seeds": seeds, "tol": tol, "method": method, "family_cap": family_cap,
-                     "protect_weight": protect_weight},
+                     "protect_weight": protect_weight, "letter_slack": letter_slack},
+        "rounds": rounds,
         "blind": {"chance_mc": 0.25,
                   "kept": blind_accuracy(kept, after, rel_tol) if ans else {},
                   "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
-                  "before_by_task": blind_by_task(pool, preds, rel_tol) if ans else {},
+                  "before_by_task": blind_by_task(pool_before, before, rel_tol) if ans else {},
                   "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {},
                   "expected_after_by_task": {t: {a: round(float(np.mean([right[r["qid"]][a] for r in kept if r["task"] == t])), 4)
                                                  for a in (x.name for x in ans)} for t in MC_TASKS

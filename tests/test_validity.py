@@ -193,7 +193,7 @@ def test_patient_medians_the_filter_never_used(bench):
     mc = [r for r in bench["kept"] if r["format"] == "mc"]
     for k in (2, 5):
         a = V.SubjectAtlasAnswerer(k=k).fit(bench["recs"])
-        right = {r["qid"]: V.expected_right(r, V._answer(a, [r])[0]) for r in mc}
+        right = {r["qid"]: V.expected_right(r, V.predictions(a, [r])[0]) for r in mc}
         by = defaultdict(list)
         for r in mc: by[r["task"]].append(right[r["qid"]])
         for task, xs in [("all", list(right.values())), *sorted(by.items())]:
@@ -207,10 +207,37 @@ def test_filter_counts_expected_accuracy(bench):
     tol on every task, not one split's hard answers; the splits it used are never the audit's."""
     s = bench["val"].summary
     assert s["audit"]["seed"] not in s["settings"]["split_seeds"] and len(s["settings"]["split_seeds"]) >= 2
+    # the filter and the letter balancing settled together: the answers it holds are those of the letters that ship,
+    # every task not left as it was (settled_tasks) within CHANCE_DRIFT x tol (a task is cut again only beyond that)
+    assert s["rounds"]["converged"], s["rounds"]
+    print(s["rounds"])
     for task, accs in s["blind"]["expected_after_by_task"].items():
-        n = sum(r["task"] == task for r in bench["kept"])
+        if task in s["rounds"]["settled_tasks"]: continue
         for name, acc in accs.items():
-            assert abs(acc - CHANCE) <= s["settings"]["tol"] + 2 / n, (task, name, acc, n)   # balancing drops a group or two
+            assert abs(acc - CHANCE) <= V.CHANCE_DRIFT * s["settings"]["tol"] + 1e-9, (task, name, acc)
+
+
+def test_filter_sees_the_letters_that_ship(bench):
+    """What the filter held at chance is the released set as it ships: every filter answerer refitted on the kept
+    questions alone, lettered as released, on the filter's splits, reproduces each task's held accuracy exactly (the
+    letters were balanced inside the filter's rounds, not after them: swapping after them moved the text classifier's
+    DIST accuracy on the pipeline's set to 29.5 %). The patient atlases keep every patient they were ever shown, so a
+    fresh one fitted on the kept set alone knows fewer: they are left out of the comparison. The filter's last round
+    was fitted with the numeric questions still in (they are judged after the rounds), so they join the refit."""
+    s, kept = bench["val"].summary, bench["val"].kept
+    numeric = [r for r in bench["val"].removed if r["removed_by"] == "triviality" and r["format"] != "mc"]
+    order = {r["qid"]: i for i, r in enumerate(bench["recs"])}
+    names = [a for a in s["settings"]["answerers"] if a not in ("atlas_subject", "atlas_3subjects")]
+    ans = V.make_answerers(",".join(names), seed=s["settings"]["seed"])
+    _, right = V.blind_answers(sorted(kept + numeric, key=lambda r: order[r["qid"]]), ans, s["settings"]["folds"],
+                               s["settings"]["split_seeds"])
+    checked = 0
+    for task, accs in s["blind"]["expected_after_by_task"].items():
+        rs = [r for r in kept if r["task"] == task and r["format"] == "mc"]
+        for name in names:
+            assert abs(np.mean([right[r["qid"]][name] for r in rs]) - accs[name]) <= 1e-4, (task, name, accs[name])
+            checked += 1
+    assert checked >= 5 * 5
 
 
 def test_real_share_and_tasks(bench):
