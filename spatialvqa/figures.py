@@ -159,12 +159,12 @@ def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accurac
 def plot_volume_mra(vol: pd.DataFrame, info: Mapping[str, Mapping] | None = None,
                     title: str = "Volume estimation: MRA by structure size (95% CI by scan family)"):
     "(figure, data): grouped bars of MRA per volume range and model (legend: the models' Table 2 labels)."
-    import matplotlib.pyplot as plt
     info = {**DEFAULT_MODEL_INFO, **(info or {})}
     vol = vol.assign(label=vol["model"].map(lambda m: (info.get(m) or {}).get("label", m)))
-    fig, ax = plt.subplots(figsize=(min(14, 2 + 0.45 * len(vol)), 4.4))
-    plot_grouped_ci(vol, "volume_range", "label", label="Mean Relative Accuracy", title=title, fmt="{:.2f}", ax=ax,
-                    colours=model_colours(vol["label"]))
+    # horizontal, as the task bars: eleven models side by side under three ranges crowded their labels together, and
+    # a one-row legend below squeezed the axes to a fifth of the figure
+    fig = plot_grouped_ci(vol, "volume_range", "label", label="Mean Relative Accuracy", title=title, fmt="{:.2f}",
+                          horizontal=True, colours=model_colours(vol["label"]))
     return fig, vol
 
 # %% ../nbs/45_figures.ipynb #9d2427bf
@@ -293,6 +293,7 @@ def plot_pairs(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, 
     n = d.groupby("pairs", sort=False)["n"].max()
     title = f"{title}\n" + ", ".join(f"{k}: n = {int(v)}" for k, v in n.items())
     plot_grouped_ci(d, "label", "pairs", label="pair accuracy", title=title, fmt="{:.0%}", ax=ax, colours=colours, wrap=16)
+    ax.legend(ncol=2, fontsize=9, loc="upper center", frameon=False)   # inside, above the blind bars: below the axis it met wrapped names
     for k, c in (chance or {}).items():
         if k not in PAIR_COLUMNS: continue
         ax.axhline(c, color="#555555", ls="--", lw=1)
