@@ -84,7 +84,8 @@ def main() -> None:
     qs = timed("generate", generate)
     v = timed("validate", lambda: validate(qs, table, scan_table, answerers=str(val["answerers"]), rule=str(val["rule"]),
                                            folds=int(val["folds"]), seed=int(val["seed"]), protect=is_real, audit=None,
-                                           splits=int(val["splits"]), tol=float(val["tol"]), method=str(val["method"])))
+                                           splits=int(val["splits"]), tol=float(val["tol"]), method=str(val["method"]),
+                                           family_cap=float(val["family_cap"]), letter_slack=float(val["letter_slack"])))
     scans = split_copies(table, scan_table)[1]
     n = len(scans)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; workers={a.workers}")
