@@ -361,7 +361,7 @@ for rep in range(NREP):
         for a in ANS:
             p = np.array(res[a]); pred[a][rep, ii] = p
             correct[a][rep, ii] = (p == np.array([r["_y"] for r in te]))
-    print("rep", rep, {a: round(correct[a][rep].mean(), 3) for a in ANS}, file=sys.stderr)
+    print("rep", rep, {a: round(float(correct[a][rep].mean()), 3) for a in ANS}, file=sys.stderr)
 
 # fixed (untrained) rule: second-largest numeric value
 fs = fixed_second_largest(MC)

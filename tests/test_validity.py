@@ -218,12 +218,12 @@ def test_filter_counts_expected_accuracy(bench):
 
 
 def test_filter_sees_the_letters_that_ship(bench):
-    """What the filter held at chance is the released set as it ships: every filter answerer refitted on the kept
-    questions alone, lettered as released, on the filter's splits, reproduces each task's held accuracy exactly (the
-    letters were balanced inside the filter's rounds, not after them: swapping after them moved the text classifier's
-    DIST accuracy on the pipeline's set to 29.5 %). The patient atlases keep every patient they were ever shown, so a
-    fresh one fitted on the kept set alone knows fewer: they are left out of the comparison. The filter's last round
-    was fitted with the numeric questions still in (they are judged after the rounds), so they join the refit."""
+    """What the filter held at chance is the released set as it ships: the filter answerers refitted on the questions
+    of its last round (the kept ones, lettered as released, and the numeric ones judged after the rounds), on the
+    filter's splits, reproduce each task's held accuracy exactly (the letters were balanced inside the filter's
+    rounds, not after them: swapping after them moved the text classifier's DIST accuracy on the pipeline's set to
+    29.5 %). The patient atlases keep every patient they were ever shown, so a
+    fresh one knows fewer: they are left out of the comparison."""
     s, kept = bench["val"].summary, bench["val"].kept
     numeric = [r for r in bench["val"].removed if r["removed_by"] == "triviality" and r["format"] != "mc"]
     order = {r["qid"]: i for i, r in enumerate(bench["recs"])}
