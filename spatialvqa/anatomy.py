@@ -13,11 +13,11 @@ import re
 from collections.abc import Iterable, Mapping
 
 # %% auto #0
-__all__ = ['TOTALSEG', 'TUMOURS', 'EXTRA_LABELS', 'ALL_LABELS', 'NAME_TO_ID', 'LR_PAIRS', 'REGIONS', 'CATEGORIES', 'SYSTEMS',
-           'ANATOMY', 'SOURCES', 'SIDES', 'DEPTHS', 'LEVELS', 'REFERENCE', 'REFERENCE_VOLUMES_ML', 'LesionSource',
-           'Lesion', 'dataset_lesions', 'tumours_of', 'label_name', 'names_for', 'side', 'counterpart', 'readable',
-           'LabelInfo', 'label_info', 'region', 'category', 'system', 'level_index', 'Reference', 'reference',
-           'reference_range', 'typical_volume']
+__all__ = ['TOTALSEG', 'HEAD_NECK', 'TARGETS', 'TUMOURS', 'EXTRA_LABELS', 'ALL_LABELS', 'NAME_TO_ID', 'LR_PAIRS', 'REGIONS',
+           'CATEGORIES', 'SYSTEMS', 'ANATOMY', 'SOURCES', 'SIDES', 'DEPTHS', 'LEVELS', 'REFERENCE',
+           'REFERENCE_VOLUMES_ML', 'LesionSource', 'Lesion', 'dataset_lesions', 'tumours_of', 'label_name', 'names_for',
+           'side', 'counterpart', 'readable', 'LabelInfo', 'label_info', 'region', 'category', 'system', 'askable',
+           'level_index', 'Reference', 'reference', 'reference_range', 'typical_volume']
 
 # %% ../nbs/12_anatomy.ipynb #a17855d5
 TOTALSEG: dict[int, str] = {
@@ -49,6 +49,16 @@ TOTALSEG: dict[int, str] = {
     112: "rib_right_9", 113: "rib_right_10", 114: "rib_right_11", 115: "rib_right_12", 116: "sternum",
     117: "costal_cartilages",
 }
+
+# %% ../nbs/12_anatomy.ipynb #4b132e7d
+HEAD_NECK: dict[int, str] = {
+    120: "brainstem", 121: "parotid_gland_left", 122: "parotid_gland_right", 123: "submandibular_gland_left",
+    124: "submandibular_gland_right", 125: "mandible", 126: "larynx", 127: "eye_left", 128: "eye_right",
+    129: "eye_lens_left", 130: "eye_lens_right", 131: "optic_nerve_left", 132: "optic_nerve_right",
+    133: "cochlea_left", 134: "cochlea_right", 135: "lacrimal_gland_left", 136: "lacrimal_gland_right",
+    137: "spinal_canal", 138: "lung_left", 139: "lung_right",
+}
+TARGETS: dict[int, str] = {190: "ptv_70", 191: "ptv_63", 192: "ptv_56"}
 
 # %% ../nbs/12_anatomy.ipynb #c05cf1c9
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +117,7 @@ TUMOURS: dict[str, Lesion] = {l.name: l for l in [
 ]}
 
 EXTRA_LABELS: dict[int, str] = {l.id: l.name for l in TUMOURS.values()}
-ALL_LABELS: dict[int, str] = {**TOTALSEG, **EXTRA_LABELS}
+ALL_LABELS: dict[int, str] = {**TOTALSEG, **HEAD_NECK, **TARGETS, **EXTRA_LABELS}
 NAME_TO_ID: dict[str, int] = {name: i for i, name in ALL_LABELS.items()}
 
 # %% ../nbs/12_anatomy.ipynb #38e40fda
@@ -162,6 +172,7 @@ _READABLE_STEMS: dict[str, str] = {  # stems (side removed) whose plain English 
     "brain_tumor_necrotic_core": "necrotic core of the brain tumor",
     "brain_tumor_edema": "edema around the brain tumor",
     "brain_tumor_enhancing": "enhancing part of the brain tumor",
+    "eye": "eyeball", "eye_lens": "lens",
 }
 
 def _ordinal(n: int) -> str:
@@ -172,6 +183,7 @@ def readable(name: str) -> str:
     if m := re.fullmatch(r"vertebrae_([CTLS]\d+)", name): return f"{m[1]} vertebra"
     if m := re.fullmatch(r"rib_(left|right)_(\d+)", name): return f"{m[1]} {_ordinal(int(m[2]))} rib"
     if m := re.fullmatch(r"lung_(upper|middle|lower)_lobe_(left|right)", name): return f"{m[2]} {m[1]} lobe of the lung"
+    if m := re.fullmatch(r"ptv_(\d+)", name): return f"planning target volume {m[1]} Gy"
     s = side(name)
     stem = "_".join(t for t in name.split("_") if t not in ("left", "right"))
     text = _READABLE_STEMS.get(stem, stem.replace("_", " "))
@@ -179,9 +191,9 @@ def readable(name: str) -> str:
 
 # %% ../nbs/12_anatomy.ipynb #b9622ef3
 REGIONS: tuple[str, ...] = ("head_neck", "thorax", "abdomen", "pelvis", "spine", "upper_limb", "lower_limb")
-CATEGORIES: tuple[str, ...] = ("organ", "gland", "vessel", "bone", "cartilage", "muscle", "lesion")
+CATEGORIES: tuple[str, ...] = ("organ", "gland", "vessel", "bone", "cartilage", "muscle", "space", "lesion", "target")
 SYSTEMS: tuple[str, ...] = ("digestive", "respiratory", "cardiovascular", "urinary", "reproductive", "endocrine",
-                            "lymphatic", "nervous", "skeletal", "muscular")
+                            "lymphatic", "nervous", "sensory", "skeletal", "muscular", "radiotherapy")
 
 _VERTEBRAE = " ".join(f"vertebrae_{v}" for v in ["S1", *(f"L{i}" for i in range(1, 6)),
                                                  *(f"T{i}" for i in range(1, 13)), *(f"C{i}" for i in range(1, 8))])
@@ -193,7 +205,14 @@ _CLASSIFICATION: list[tuple[str, str, str, str]] = [  # (region, category, syste
     ("head_neck", "bone", "skeletal", "skull"),
     ("head_neck", "gland", "endocrine", "thyroid_gland"),
     ("head_neck", "vessel", "cardiovascular", _LR("common_carotid_artery")),
-    ("thorax", "organ", "respiratory", "trachea " + " ".join(_LUNG_LOBES)),
+    ("head_neck", "organ", "nervous", "brainstem " + _LR("optic_nerve")),
+    ("head_neck", "gland", "digestive", _LR("parotid_gland", "submandibular_gland")),
+    ("head_neck", "bone", "skeletal", "mandible"),
+    ("head_neck", "organ", "respiratory", "larynx"),
+    ("head_neck", "organ", "sensory", _LR("eye", "eye_lens", "cochlea")),
+    ("head_neck", "gland", "sensory", _LR("lacrimal_gland")),
+    ("head_neck", "target", "radiotherapy", " ".join(TARGETS.values())),
+    ("thorax", "organ", "respiratory", "trachea " + " ".join(_LUNG_LOBES) + " " + _LR("lung")),
     ("thorax", "organ", "digestive", "esophagus"),
     ("thorax", "organ", "cardiovascular", "heart atrial_appendage_left"),
     ("thorax", "vessel", "cardiovascular", "aorta pulmonary_vein brachiocephalic_trunk superior_vena_cava "
@@ -214,6 +233,7 @@ _CLASSIFICATION: list[tuple[str, str, str, str]] = [  # (region, category, syste
     ("pelvis", "muscle", "muscular", _LR("gluteus_maximus", "gluteus_medius", "gluteus_minimus")),
     ("spine", "bone", "skeletal", "sacrum " + _VERTEBRAE),
     ("spine", "organ", "nervous", "spinal_cord"),
+    ("spine", "space", "nervous", "spinal_canal"),
     ("spine", "muscle", "muscular", _LR("autochthon")),
     ("upper_limb", "bone", "skeletal", _LR("humerus", "scapula", "clavicula")),
     ("lower_limb", "bone", "skeletal", _LR("femur")),
@@ -257,6 +277,15 @@ def system(name: str) -> str:
     "Organ system of a known label, one of `SYSTEMS`."
     return label_info(name).system
 
+# %% ../nbs/12_anatomy.ipynb #9ef9b9f5
+_TARGET_NAME = re.compile(r"(ptv|ctv|itv|gtv_?nodal|boost)(?![a-z])", re.I)
+
+def askable(name: str) -> bool:
+    "Whether a question may name a structure: anything but a radiotherapy planning volume (`category` 'target')."
+    info = ANATOMY.get(name)
+    if info is not None: return info.category != "target"
+    return _TARGET_NAME.match(name.strip()) is None
+
 # %% ../nbs/12_anatomy.ipynb #4b76e7fc
 SOURCES: dict[str, str] = {
     "ICRP89": "ICRP (2002) Publication 89: Basic anatomical and physiological data for use in radiological protection: reference values. Ann ICRP 32(3-4)",
@@ -279,6 +308,10 @@ SOURCES: dict[str, str] = {
     "AJCC2017": "Amin MB, Edge SB, Greene FL, et al. (eds) (2017) AJCC Cancer Staging Manual, 8th ed. Springer",
     "MacMahon2017": "MacMahon H, Naidich DP, Goo JM, et al. (2017) Guidelines for management of incidental pulmonary nodules detected on CT images: from the Fleischner Society 2017. Radiology 284:228-243",
     "Carrim2003": "Carrim ZI, Murchison JT (2003) The prevalence of simple renal and hepatic cysts detected by spiral computed tomography. Clin Radiol 58:626-629",
+    "Brouwer2015": "Brouwer CL, Steenbakkers RJHM, Bourhis J, et al. (2015) CT-based delineation of organs at risk in the head and neck region: DAHANCA, EORTC, GORTEC, HKNPCSG, NCIC CTG, NCRI, NRG Oncology and TROG consensus guidelines. Radiother Oncol 117:83-90",
+    "Nikolov2018": "Nikolov S, Blackwell S, Mendes R, et al. (2018) Deep learning to achieve clinically applicable segmentation of head and neck anatomy for radiotherapy. arXiv:1809.04430 (its 35 test and validation scans, each contoured by two expert readers; volumes here are our measurement of those contours, a cohort never used for questions)",
+    "Barker2004": "Barker JL, Garden AS, Ang KK, et al. (2004) Quantification of volumetric and geometric changes occurring during fractionated radiotherapy for head-and-neck cancer using an integrated CT/linear accelerator system. Int J Radiat Oncol Biol Phys 59:960-970",
+    "Bekerman2014": "Bekerman I, Gottlieb P, Vaiman M (2014) Variations in eyeball diameters of the healthy adults. J Ophthalmol 2014:503645",
 }
 
 SIDES: tuple[str, ...] = ("right", "left", "midline")
@@ -299,7 +332,9 @@ class Reference:
     `plausible_ml`: what a real adult scan can show, common pathology included; `dims_mm`: name ->
     (typical, normal low, normal high); `side`: 'right' | 'left' | 'midline' (None: that of the host, for
     lesions); `levels`: (upper, lower) vertebral levels of its craniocaudal extent in a supine adult;
-    `depth`: the third of the trunk's depth it lies in; `sources`: keys of `SOURCES`."""
+    `depth`: the third of the trunk's depth it lies in; `sources`: keys of `SOURCES`; `head_mm`: for a structure of
+    the head and neck, where vertebral levels and thirds of the trunk do not place it, its typical centre (RAS mm)
+    in a frame whose origin is the centre of the atlas (C1) ring, z = 0 at C1 as `level_centre` counts."""
     name: str
     typical_ml: float | None
     normal_ml: tuple[float, float] | None
@@ -310,6 +345,7 @@ class Reference:
     dims_mm: Mapping[str, tuple[float, float, float]] = dataclasses.field(default_factory=dict)
     sources: tuple[str, ...] = ()
     note: str = ""
+    head_mm: tuple[float, float, float] | None = None
 
     @property
     def level_centre(self) -> float | None:
@@ -417,6 +453,44 @@ REFERENCE: dict[str, Reference] = {r.name: r for r in [
         ("lung_nodule", (8, 3, 30), ("MacMahon2017",), "Fleischner: nodules are under 30 mm"),
         ("spleen_tumor", (25, 5, 150), ("Standring2020",), "our judgement: focal splenic lesions rarely exceed the spleen's thickness"),
     ]],
+    # head and neck: volumes as the Brouwer 2015 consensus contours them; positions (head_mm) are our estimate from
+    # the atlas's landmarks and Gray's, to the nearest 5 mm: a textbook's, not a measurement
+    _R("brainstem", 28, (22, 34), (12, 50), "midline", None, "posterior", {}, ("Nikolov2018", "Brouwer2015", "Standring2020"),
+       "contoured from the midbrain to the foramen magnum (Brouwer 2015): median 28.4 mL, 5th-95th percentile 22.4-32.1 "
+       "in Nikolov 2018's scans (oncologist's contours); plausible bounds our judgement (atrophy, contouring range)",
+       head_mm=(0.0, 0.0, 40.0)),
+    *[_R(f"parotid_gland_{s}", 28, (15, 45), (4, 90), s, ("C1", "C2"), "middle", {}, ("Nikolov2018", "Barker2004", "Standring2020"),
+         "median 30 mL, 5th-95th percentile 17-42 in Nikolov 2018's scans; shrinks by about a quarter during "
+         "radiotherapy and moves medially (Barker 2004); plausible from post-radiotherapy atrophy to enlargement by "
+         "tumour or sialadenitis (our judgement)", head_mm=(48.0 * (1 if s == "right" else -1), 5.0, 5.0)) for s in ("left", "right")],
+    *[_R(f"submandibular_gland_{s}", 8.5, (5, 13), (1.5, 30), s, ("C2", "C3"), "anterior", {}, ("Nikolov2018", "Standring2020"),
+         "median 8-9 mL, 95th percentile 13 mL in Nikolov 2018's scans; absent after a neck dissection",
+         head_mm=(33.0 * (1 if s == "right" else -1), 35.0, -30.0)) for s in ("left", "right")],
+    _R("mandible", 62, (42, 90), (20, 140), "midline", ("C1", "C3"), "anterior", {}, ("Nikolov2018", "Brouwer2015", "Standring2020"),
+       "the bone without the teeth (Brouwer 2015): median 59-66 mL, 5th-95th percentile 42-90 in Nikolov 2018's scans; "
+       "U-shaped: its centroid lies in the floor of the mouth, not in bone", head_mm=(0.0, 45.0, -15.0)),
+    _R("larynx", 20, (10, 35), (3, 70), "midline", ("C3", "C6"), "anterior", {}, ("Brouwer2015", "Standring2020"),
+       "our judgement: the Brouwer 2015 larynx (supraglottic and glottic, epiglottis to cricoid) is about 4-5 cm long and "
+       "3-4 cm wide and deep, partly air; its volume depends on the contouring protocol", head_mm=(0.0, 30.0, -65.0)),
+    *[_R(f"eye_{s}", 8, (6.5, 10.5), (4, 14), s, None, "anterior", {"axial_length": (23.5, 22, 26)}, ("Bekerman2014", "Nikolov2018"),
+         "axial length about 23.5 mm (Bekerman 2014): a ball of that size holds 6.8 mL; contoured globes 8.6-9.0 mL median "
+         "in Nikolov 2018's scans", head_mm=(32.0 * (1 if s == "right" else -1), 75.0, 55.0)) for s in ("left", "right")],
+    *[_R(f"eye_lens_{s}", 0.2, (0.12, 0.3), (0.05, 0.45), s, None, "anterior", {"diameter": (9.5, 9.0, 10.0)},
+         ("Standring2020", "Nikolov2018"), "median 0.20-0.22 mL in Nikolov 2018's scans",
+         head_mm=(32.0 * (1 if s == "right" else -1), 87.0, 55.0)) for s in ("left", "right")],
+    *[_R(f"optic_nerve_{s}", 0.7, (0.45, 1.1), (0.2, 2.0), s, None, "anterior", {}, ("Standring2020", "Nikolov2018"),
+         "median 0.7 mL in Nikolov 2018's scans; a thin tube from the globe to the chiasm",
+         head_mm=(18.0 * (1 if s == "right" else -1), 55.0, 55.0)) for s in ("left", "right")],
+    *[_R(f"cochlea_{s}", 0.06, (0.03, 0.13), (0.01, 0.3), s, None, "middle", {}, ("Standring2020", "Nikolov2018"),
+         "median 0.05-0.07 mL in Nikolov 2018's scans: a few voxels of most CTs", head_mm=(30.0 * (1 if s == "right" else -1), 5.0, 35.0))
+      for s in ("left", "right")],
+    *[_R(f"lacrimal_gland_{s}", 0.6, (0.33, 1.0), (0.15, 2.0), s, None, "anterior", {}, ("Standring2020", "Nikolov2018"),
+         "median 0.5-0.7 mL in Nikolov 2018's scans", head_mm=(38.0 * (1 if s == "right" else -1), 70.0, 65.0)) for s in ("left", "right")],
+    _R("spinal_canal", None, None, None, "midline", None, "posterior", {}, ("Standring2020",),
+       "its contoured length, and so its volume, is set by the scan and the contouring range"),
+    *[_R(f"lung_{s}", t, n, p, s, ("T1", "T11"), "middle", {}, ("Quanjer1993", "ICRP89"),
+         _LUNG_NOTE + "; the whole lung, both lobes (left) or all three (right)")
+      for s, t, n, p in (("left", 2300, (1000, 4200), (200, 5500)), ("right", 2700, (1000, 4200), (200, 5500)))],
 ]}
 
 def reference(name: str) -> Reference | None:
