@@ -23,7 +23,7 @@ from .core import get_logger, parallel_map, read_json, stable_hash, write_json
 from .measure import Structure, measure_labels
 from .questions import (
     LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
-    structure_from_row, structure_weight, vol_larger)
+    Geometry, measured_structure, measurement, structure_from_row, structure_weight, vol_larger)
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
@@ -352,17 +352,6 @@ def show_copies(scans: Sequence[Scan], at: Sequence[float] | None = None, window
     return fig
 
 # %% ../nbs/23_counterfactual.ipynb #8ccfaa1b
-def _structure(m: Mapping) -> Structure:
-    "A `Structure` from a question record's `measurements` entry (box rebuilt from its centre and extents)."
-    c, e = np.asarray(m["bbox_center_mm"], float), np.asarray(m["extent_mm"], float)
-    return Structure(int(m["label"]), m["name"], int(m["voxels"]), float(m["volume_ml"]), tuple(m["centroid_mm"]),
-                     tuple(c - e / 2), tuple(c + e / 2))
-
-def _measurement(scan_id: str, n: str, s: Structure) -> dict:
-    return {"scan_id": scan_id, "name": n, "label": s.label, "voxels": s.voxels, "volume_ml": s.volume_ml,
-            "centroid_mm": [float(v) for v in s.centroid], "bbox_center_mm": [float(v) for v in s.bbox_center],
-            "extent_mm": [float(v) for v in s.extent]}
-
 def _named(record: Mapping) -> list[str]:
     "Every structure name the question refers to: its structures, the spec's roles and structure options."
     spec = record["spec"]
@@ -407,7 +396,7 @@ def counterfactual_record(record: Mapping, context: ScanContext, kind: str, sour
     structs = [context.structs]
     for sid in record["scan_ids"][1:]:
         if others is not None and sid in others: structs.append(dict(others[sid]))
-        else: structs.append({m["name"]: _structure(m) for m in record["measurements"]["structures"] if m["scan_id"] == sid})
+        else: structs.append({m["name"]: measured_structure(m) for m in record["measurements"]["structures"] if m["scan_id"] == sid})
     ev = evaluate(record, structs)
     if record["format"] == "mc":
         truth = ev["truth"]
@@ -422,7 +411,7 @@ def counterfactual_record(record: Mapping, context: ScanContext, kind: str, sour
     sid = context.scan_id
     tol = ev["derived"].get("tolerance")
     scans = [sid] + list(record["scan_ids"][1:])
-    meas = [_measurement(sid, n, context.structs[n]) for n in named if n in context.structs]
+    meas = [measurement(sid, n, context.structs[n], context.geom) for n in named if n in context.structs]
     meas += [m for m in record["measurements"]["structures"] if m["scan_id"] != record["scan_id"]]
     qid = f"{record['qid']}~{kind}"
     out = dict(record)
@@ -593,10 +582,12 @@ def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.
 
 # %% ../nbs/23_counterfactual.ipynb #fc790373
 def scan_family(r: Mapping | str) -> str:
-    "The original scan that a record (or a scan id) belongs to: a copy `<scan_id>~<kind>` belongs to `<scan_id>`, any other scan to itself."
+    """The patient's first scan that a record (or a scan id) belongs to: everything before the first `~`. A copy
+    `<scan_id>~<kind>` belongs to `<scan_id>`, and so does another scan of the same patient named `<scan_id>~<what>`
+    (TotalSegmentator's full example CT, `totalseg_s0001~full`, of the patient whose first slices are `totalseg_s0001`),
+    with its own copies (`totalseg_s0001~full~mirror`); any other scan to itself."""
     sid = r if isinstance(r, str) else str(r["scan_id"])
-    base, _, kind = sid.rpartition("~")
-    return base if base and kind in KINDS else sid
+    return sid.split("~", 1)[0] or sid
 
 def pair_key(r: Mapping) -> str:
     "The pair group of a record: its original's qid for a twin, its own qid for an original."

@@ -8,27 +8,34 @@ Docs: https://spatialvqa.github.io/spatialvqa/fetch.html.md"""
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
+import gzip
+import hashlib
 import os
 import shutil
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from .core import atomic_write, get_logger, sha256_file, write_json
 
 # %% auto #0
-__all__ = ['PYRADIOMICS_REV', 'CTSVQA_REV', 'SOURCES', 'TOTALSEG_REV', 'RemoteFile', 'Source', 'FetchError', 'fetch_file',
-           'fetch_source']
+__all__ = ['PYRADIOMICS_REV', 'CTSVQA_REV', 'SOURCES', 'TOTALSEG_REV', 'OPENKBP_REV', 'TCIA_HN_REV', 'MIRP_REV', 'TOTALSEG_SDIST',
+           'PIN_DIGESTS', 'RemoteFile', 'Source', 'FetchError', 'fetch_file', 'fetch_source', 'pin_manifest',
+           'read_pins']
 
 # %% ../nbs/10_fetch.ipynb #e3c193f5
 @dataclasses.dataclass(frozen=True)
 class RemoteFile:
     "One external file: where it sits in a mirror, where upstream serves it, and the digests it may have."
     path: str                            # relative path inside the mirror and inside the fetched folder
-    url: str                             # pinned upstream URL
-    sha256: str                          # digest of the file as mirrored
+    url: str                             # pinned upstream URL; `<archive URL>#<member>` for a file inside a tar archive
+    sha256: str                          # digest of the file as mirrored (of its decompressed bytes when `gzip`)
     upstream_sha256: str | None = None   # digest of the upstream file, when the mirror holds a derivative
+    gzip: bool = False                   # mirror and fetched copy hold upstream's bytes gzip-compressed (`path` ends .gz)
 
     def accepts(self, digest: str) -> bool: return digest in (self.sha256, self.upstream_sha256 or self.sha256)
 
@@ -259,19 +266,51 @@ def _download(url: str, dest: Path, timeout: float) -> None:
         shutil.copyfileobj(r, f, 1 << 20)
 
 # %% ../nbs/10_fetch.ipynb #fbff2907
+def _digest(path: Path, rf: RemoteFile) -> str:
+    "The digest `rf` pins for the file at `path`: of its bytes, or of its decompressed bytes when `rf.gzip`."
+    if not rf.gzip: return sha256_file(path)
+    h = hashlib.sha256()
+    try:
+        with gzip.open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
+    except (OSError, EOFError) as e: raise FetchError(f"{path}: not a readable gzip file ({e})") from None
+    return h.hexdigest()
+
+def _gzip_into(src: Path, dest: Path) -> None:
+    "Compress `src` into `dest` with a fixed header (no name, no time), so equal bytes give equal files."
+    with open(src, "rb") as fi, atomic_write(dest, "wb") as fo, gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
+        shutil.copyfileobj(fi, gz, 1 << 20)
+
+def _download_member(url: str, dest: Path, timeout: float, archives: dict) -> None:
+    "Download the tar archive of `<archive URL>#<member>` once (kept in `archives` for the next member), extract the member."
+    base, member = url.split("#", 1)
+    if base not in archives:
+        tmp = Path(tempfile.mkdtemp(prefix="spatialvqa-archive-")) / "archive"
+        _download(base, tmp, timeout)
+        archives[base] = tmp
+    with tarfile.open(archives[base]) as tar:
+        try: f = tar.extractfile(member)
+        except KeyError: raise OSError(f"{base} has no member {member}") from None
+        if f is None: raise OSError(f"{base}: {member} is not a file")
+        with f, atomic_write(dest, "wb") as fo: shutil.copyfileobj(f, fo, 1 << 20)
+
 def fetch_file(rf: RemoteFile, out: str | os.PathLike, mirror: str | os.PathLike | None = None,
-               online: bool = True, base_url: str | None = None, timeout: float = 60.0) -> dict:
+               online: bool = True, base_url: str | None = None, timeout: float = 60.0,
+               archives: dict | None = None) -> dict:
     """Place `rf` at `out/rf.path`, verified. Order: an already-present verified copy, the `mirror`, the URL.
 
-    `base_url` replaces the upstream URL's prefix (another HTTP mirror). Returns a manifest record."""
+    `base_url` replaces the upstream URL's prefix (another HTTP mirror). `archives` caches downloaded archives
+    between calls (`fetch_source` passes one). Returns a manifest record."""
     out = Path(out); dest = out / rf.path
-    if dest.exists() and rf.accepts(sha256_file(dest)):
-        return dict(path=rf.path, sha256=sha256_file(dest), origin="present")
+    if dest.exists():
+        try: have = _digest(dest, rf)
+        except FetchError: have = None
+        if have and rf.accepts(have): return dict(path=rf.path, sha256=have, origin="present")
     tried = []
     if mirror is not None:
         src = Path(mirror) / rf.path
         if src.exists():
-            digest = sha256_file(src)
+            digest = _digest(src, rf)
             if not rf.accepts(digest):
                 raise FetchError(f"{src}: checksum mismatch: expected sha256 {rf.sha256}, got {digest}")
             with open(src, "rb") as fi, atomic_write(dest, "wb") as fo: shutil.copyfileobj(fi, fo, 1 << 20)
@@ -280,15 +319,19 @@ def fetch_file(rf: RemoteFile, out: str | os.PathLike, mirror: str | os.PathLike
     if online:
         url = rf.url if base_url is None else base_url.rstrip("/") + "/" + rf.path
         tmp = dest.with_name(dest.name + ".download")
-        try: _download(url, tmp, timeout)
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
+        try:
+            if "#" in url: _download_member(url, tmp, timeout, {} if archives is None else archives)
+            else: _download(url, tmp, timeout)
+        except (urllib.error.URLError, OSError, TimeoutError, tarfile.TarError) as e:
             tried.append(f"download failed from {url}: {e}")
         else:
-            digest = sha256_file(tmp)
+            digest = sha256_file(tmp)     # upstream serves the plain bytes
             if not rf.accepts(digest):
                 tmp.unlink()
                 raise FetchError(f"{url}: checksum mismatch: expected sha256 {rf.upstream_sha256 or rf.sha256}, got {digest}")
-            os.replace(tmp, dest)
+            if rf.gzip:
+                _gzip_into(tmp, dest); tmp.unlink()
+            else: os.replace(tmp, dest)
             return dict(path=rf.path, sha256=digest, origin=f"url:{url}")
     else: tried.append("online fetching disabled")
     raise FetchError(f"{rf.path}: could not fetch ({'; '.join(tried)})")
@@ -299,12 +342,81 @@ def fetch_source(name: str, out: str | os.PathLike, mirror: str | os.PathLike | 
     "Fetch every file of `SOURCES[name]` into `out`, verified; the records say where each came from. Raises after trying all files if any failed."
     if name not in SOURCES: raise KeyError(f"unknown source {name!r} (known: {', '.join(SOURCES)})")
     log = get_logger(__name__)
-    recs, errors = [], []
-    for rf in SOURCES[name].files:  # try every file, so one missing file does not hide the others
-        try: rec = fetch_file(rf, out, mirror, online, base_url, timeout)
-        except FetchError as e:
-            errors.append(str(e)); continue
-        log.info("%s: %s (%s)", name, rf.path, rec["origin"].split(":")[0])
-        recs.append(rec)
+    recs, errors, archives = [], [], {}
+    try:
+        for rf in SOURCES[name].files:  # try every file, so one missing file does not hide the others
+            try: rec = fetch_file(rf, out, mirror, online, base_url, timeout, archives)
+            except FetchError as e:
+                errors.append(str(e)); continue
+            log.debug("%s: %s (%s)", name, rf.path, rec["origin"].split(":")[0])
+            recs.append(rec)
+    finally:
+        for p in archives.values(): shutil.rmtree(p.parent, ignore_errors=True)
+    log.info("%s: %d files verified", name, len(recs))
     if errors: raise FetchError(f"{name}: {len(errors)} of {len(SOURCES[name].files)} files failed:\n  " + "\n  ".join(errors))
     return recs
+
+# %% ../nbs/10_fetch.ipynb #b46c267b
+OPENKBP_REV = "ce625e62f3b04203f22bd9d1634f3e8fb0245e46"
+TCIA_HN_REV = "2edb50947e50ef26e60b72dec89d36d71efe5549"
+MIRP_REV = "d8a6a7264a4d0ccb1f88cc670e0b6d047235909f"
+TOTALSEG_SDIST = ("https://files.pythonhosted.org/packages/c3/53/7d654d2ec3fcb801ae54d318b0ffc18021aed528bf4e4df0753caf0c8a73/"
+                  "totalsegmentator-2.18.0.tar.gz")   # sha256 5d4223ef93973bc36d710869d11e7742ead2c154c72f7f9edcaaadd5b6c4bd03
+PIN_DIGESTS: dict[str, str] = {   # SHA-256 of each shipped manifest
+    "openkbp": "3170c76e5ab1597add653db71892b0b0d3e34c09a9c79c2ae5e9671ed7b0ed18",
+    "nsclc-radiomics": "016c7c9777d66e4553e5291515f50ab2dfc5d5bbf60bfffdab3d7c77e1246f70",
+    "tcia-hn-two-readers": "b697d1f582a58ec71d4a58528624b621395223bdc832a2f77eed5f2ab0e1d115",
+}
+
+def _pins_dir() -> Path: return Path(str(importlib.resources.files("spatialvqa"))) / "pins"
+
+def pin_manifest(mirror: str | os.PathLike, prefix: str, gzipped: Callable[[str], bool] = lambda p: False) -> str:
+    """The manifest text of every file under `mirror/prefix`: `path<TAB>sha256` lines sorted by path, the digest of the
+    decompressed bytes for the files `gzipped(path)` names. How the shipped manifests were made (the example below
+    remakes them from the mirror and compares)."""
+    root = Path(mirror)
+    lines = []
+    for p in sorted(q for q in (root / prefix).rglob("*") if q.is_file()):
+        rel = p.relative_to(root).as_posix()
+        lines.append(f"{rel}\t{_digest(p, RemoteFile(rel, '', '', gzip=gzipped(rel)))}")
+    return "\n".join(lines) + "\n"
+
+def read_pins(name: str) -> list[tuple[str, str]]:
+    "The (path, sha256) lines of the shipped manifest of source `name`, after checking the manifest's own digest."
+    path = _pins_dir() / f"{name}.tsv"
+    if not path.exists(): raise FetchError(f"{path}: no such manifest (the package is incomplete)")
+    if (got := sha256_file(path)) != PIN_DIGESTS[name]:
+        raise FetchError(f"{path}: manifest checksum mismatch: expected sha256 {PIN_DIGESTS[name]}, got {got}")
+    return [tuple(l.split("\t")) for l in path.read_text().splitlines() if l]
+
+# %% ../nbs/10_fetch.ipynb #05190cf9
+def _from_pins(name: str, url_of: Callable[[str], str], gzipped: Callable[[str], bool] = lambda p: False) -> tuple[RemoteFile, ...]:
+    return tuple(RemoteFile(p, url_of(p), sha, gzip=gzipped(p)) for p, sha in read_pins(name))
+
+def _after(path: str, prefix: str) -> str: return path[len(prefix):]
+
+_OKBP = f"https://raw.githubusercontent.com/ababier/open-kbp/{OPENKBP_REV}/"
+_TCIA_RAW = f"https://raw.githubusercontent.com/deepmind/tcia-ct-scan-dataset/{TCIA_HN_REV}/"
+_TCIA_LFS = f"https://media.githubusercontent.com/media/deepmind/tcia-ct-scan-dataset/{TCIA_HN_REV}/"
+_MIRP = f"https://raw.githubusercontent.com/oncoray/mirp/{MIRP_REV}/test/data/ct_images_seg_nsclc/"
+
+SOURCES["openkbp"] = Source(
+    "openkbp", OPENKBP_REV, "MIT", "https://github.com/ababier/open-kbp",
+    _from_pins("openkbp", lambda p: _OKBP + _after(p, "real-ct/openkbp/").removesuffix(".gz"), lambda p: p.endswith(".csv.gz")))
+SOURCES["nsclc-radiomics"] = Source(
+    "nsclc-radiomics", MIRP_REV, "CC BY-NC 3.0", "https://github.com/oncoray/mirp",
+    _from_pins("nsclc-radiomics", lambda p: _MIRP + _after(p, "real-ct/nsclc-radiomics/")))
+SOURCES["tcia-hn-two-readers"] = Source(
+    "tcia-hn-two-readers", TCIA_HN_REV, "CC BY 4.0", "https://github.com/deepmind/tcia-ct-scan-dataset",
+    _from_pins("tcia-hn-two-readers", lambda p: (_TCIA_LFS if p.endswith(".nrrd") else _TCIA_RAW)
+               + _after(p, "real-labels/tcia-hn-two-readers/")))
+_TSF = "real-ct/totalsegmentator-full/"
+SOURCES["totalsegmentator-full"] = Source(
+    "totalsegmentator-full", "totalsegmentator==2.18.0 (sdist)", "Apache-2.0", "https://pypi.org/project/TotalSegmentator/2.18.0/",
+    (RemoteFile(_TSF + "example_ct.nii.gz", TOTALSEG_SDIST + "#totalsegmentator-2.18.0/tests/reference_files/example_ct.nii.gz",
+                "dbd3ae6d614d1d7ef3a46925c30c70038ed52da6b37fdd6afdc7b9b71387e3e1"),
+     RemoteFile(_TSF + "example_seg_fast_force_split.nii.gz",
+                TOTALSEG_SDIST + "#totalsegmentator-2.18.0/tests/reference_files/example_seg_fast_force_split.nii.gz",
+                "e8097758e56e73099075b6caaebce23ef11bc6fad66a4ec3753b9406846558c7"),
+     RemoteFile(_TSF + "LICENSE", TOTALSEG_SDIST + "#totalsegmentator-2.18.0/LICENSE",
+                "c71d239df91726fc519c6eb72d318ec65820627232b2f796219e87dcf35d0ab4")))

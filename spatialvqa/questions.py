@@ -18,18 +18,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .anatomy import ANATOMY, REFERENCE, TUMOURS, counterpart, readable, reference_range
+from .anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, askable, counterpart, readable, reference_range
 from .core import dumps, get_logger, stable_hash
 from .measure import Structure, bbox_center_distance, direction, measure_labels, offset
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
            'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE', 'SUBTASKS', 'POINTS',
-           'EVALUATORS', 'ELONGATED', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'NO_TUMOUR', 'Geometry',
-           'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'vol_larger',
-           'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row',
-           'plane_phrase', 'phys_extent', 'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
-           'positional', 'plausible_volume', 'plausible_length', 'related', 'contexts_from_tables', 'parse_budget',
+           'EVALUATORS', 'ELONGATED', 'COVERAGE_DEPENDENT', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS',
+           'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume',
+           'direction_margin', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
+           'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance', 'evaluate',
+           'structure_weight', 'ScanContext', 'scan_context', 'positional', 'plausible_volume', 'plausible_length',
+           'related', 'AskPolicy', 'measurement', 'measured_structure', 'contexts_from_tables', 'parse_budget',
            'parse_per_source', 'generate_questions', 'structures_of', 'crop_to_region', 'rederive', 'check_record',
            'base_qid', 'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance',
            'composition_long', 'composition', 'markdown_table']
@@ -673,7 +674,7 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, poo
         lo_b, hi_b = min(bounds[0], t), max(bounds[1], t)
         pool = [p for p in pool if lo_b <= p <= hi_b]
     c = shown(t, unit)
-    if _num_truth(c, t, tol) is not True: return None
+    if c <= 0 or _num_truth(c, t, tol) is not True: return None    # a value shown as 0 has no ladder (and no ratio)
     vals, prev = [c], c
     for _ in range(k):                                           # below the true value
         hi = prev / (MIN_RATIO * 1.02)
@@ -845,6 +846,65 @@ def _g_dir_relative_to(c, rng, focus, others=()):
     if not names: return None
     return _item(c, "DIR.relative_to", [ref], {"rel": _DIR_REL[dname], "ref": c.name(ref)},
                  {"ref": ref, "direction": dname}, options=[c.opt(n) for n in names], option_structures=True)
+
+# %% ../nbs/20_questions.ipynb #a20d0378
+COVERAGE_DEPENDENT = ELONGATED | {"spinal_canal"}   # their contoured length, so volume, extent and centre, depends on the scan
+_NOT_ASKED = {"vessel": "a vessel", "muscle": "a muscle", "cartilage": "cartilage", "space": "a space, not an organ",
+              "target": "a radiotherapy target"}
+_POINTS_TASKS = ("DIR", "DIST")
+
+@dataclass(frozen=True)
+class AskPolicy:
+    "The rules of the table above: which structures a question may name, per task. Defaults are the pipeline's."
+    min_ml: float = 5.0                 # smaller structures are not asked about ...
+    lesion_min_ml: float = 1.0          # ... a lesion from this size on
+    cut: bool = False                   # ask about structures the scan's faces cut (only within the scanned region)
+    same_region: bool = True            # a question's structures come from one body region (`anatomy.region`)
+    max_distance_mm: float | None = 150.0   # DIST: structures farther apart (bounding-box centres) are not paired
+
+    def why_not(self, c: ScanContext, n: str) -> str | None:
+        "Why structure `n` of scan `c` may not be named by any question (None: it may)."
+        if not askable(n): return "a radiotherapy target"
+        info = ANATOMY.get(n)
+        if info is None: return "not a known structure"
+        if info.category in _NOT_ASKED: return _NOT_ASKED[info.category]
+        if n in COVERAGE_DEPENDENT: return "a long tube: its contoured length depends on the scan"
+        if n.startswith(("rib_", "vertebrae_")) or n == "sacrum": return "a numbered rib or vertebra"
+        s, floor = c.s(n), self.lesion_min_ml if info.category == "lesion" else self.min_ml
+        if s.volume_ml < floor: return f"{s.volume_ml:.2g} mL < {floor:g} mL"
+        if not self.cut and n in c.cut: return "cut by the scan's faces"
+        return None
+
+    def fits(self, task: str, n: str) -> bool:
+        """Whether an askable `n` fits `task`: DIR and DIST need a structure whose centre stands for where it lies
+        (`positional`, and no bone); the size tasks one with a reference volume (`anatomy.REFERENCE`)."""
+        if task in _POINTS_TASKS: return positional(n) and ANATOMY[n].category != "bone"
+        ref = REFERENCE.get(n)
+        return ref is not None and ref.typical_ml is not None
+
+    def apply(self, c: ScanContext) -> ScanContext:
+        "A copy of `c` whose pool holds only what may be asked about; the others `excluded` with the reason."
+        why = {n: w for n in c.pool if (w := self.why_not(c, n))}
+        return dataclasses.replace(c, pool=[n for n in c.pool if n not in why], excluded={**c.excluded, **why})
+
+    def reach(self, item: dict, c: ScanContext) -> bool:
+        "Whether a DIST item's structures lie within `max_distance_mm` of each other (every other item passes)."
+        if self.max_distance_mm is None or not item["subtask"].startswith("DIST."): return True
+        sp = item["spec"]
+        pairs = [(sp["a"], sp["b"])] if "a" in sp else [(sp["ref"], o["key"]) for o in item.get("options") or []]
+        return all(box_distance(c.s(x), c.s(y)) <= self.max_distance_mm for x, y in pairs)
+
+def _task_context(c: ScanContext, task: str, policy: AskPolicy | None, rng, focus: str | None) -> ScanContext:
+    "The scan's pool for one question of `task`: the structures that fit the task, from one region (the focus's, else drawn)."
+    if policy is None: return c
+    c = c.restrict(lambda n: policy.fits(task, n))
+    if not policy.same_region or not c.pool: return c
+    regions = [ANATOMY[n].region for n in c.pool]
+    if focus in c.pool: reg = ANATOMY[focus].region
+    else:
+        names, counts = np.unique(regions, return_counts=True)
+        reg = str(names[rng.choice(len(names), p=counts / counts.sum())])
+    return c.restrict(lambda n: ANATOMY[n].region == reg)
 
 # %% ../nbs/20_questions.ipynb #9502c2d4
 def _dist_spec(axes: Sequence[int]) -> dict:
@@ -1165,12 +1225,13 @@ def _dedup_key(item: dict) -> tuple:
 def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: Mapping[str, int], seed: int,
                 tumour_share: float, max_tries: int, seen: set, focus: Sequence[str] = (),
                 focus_share: float = 0.5, accept: Callable[[dict], bool] | None = None,
-                accept_share: float = 0.5) -> list[dict]:
+                accept_share: float = 0.5, policy: AskPolicy | None = None) -> list[dict]:
     """Candidate questions of one scan, task by task, each subtask in turn; a share of them about its tumours, or,
     when `focus` names structures of the scan, a `focus_share` of them about those (e.g. a counterfactual copy's
     resized structure, so that its pair's answer can change; a name listed twice is drawn twice as often). With
     `accept`, an `accept_share` of the slots first try up to `max_tries` candidates that `accept(item)` passes (e.g.
-    questions whose answer changes on a counterfactual copy; it may narrow `item["variants"]`), then any candidate."""
+    questions whose answer changes on a counterfactual copy; it may narrow `item["variants"]`), then any candidate.
+    `policy` (`AskPolicy`): each candidate draws from the structures that fit its task, of one region."""
     rng = _rng(seed, c.scan_id)
     focused = [n for n in focus if n in c.pool]
     tumours = focused or [n for n in c.pool if is_tumour(n)]
@@ -1188,8 +1249,8 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
             for attempt in range(max_tries * (2 if want_accept else 1)):
                 sub = order[(slot + attempt // 4) % len(order)]
                 focus = tumours[int(rng.integers(len(tumours)))] if want_tumour and attempt < max_tries // 2 else None
-                it = GENERATORS[sub](c, rng, focus, others)
-                if it is None: continue
+                it = GENERATORS[sub](_task_context(c, task, policy, rng, focus), rng, focus, others)
+                if it is None or (policy is not None and not policy.reach(it, c)): continue
                 key = _dedup_key(it)
                 if key in seen: continue
                 it = _finish(it, contexts, rng)
@@ -1263,11 +1324,21 @@ RECORD_FIELDS: dict[str, str] = {
 }
 
 # %% ../nbs/20_questions.ipynb #16bcd7e8
-def _measure_record(c: ScanContext, n: str) -> dict:
-    s = c.s(n)
-    return {"scan_id": c.scan_id, "name": n, "label": s.label, "voxels": s.voxels, "volume_ml": s.volume_ml,
+def measurement(scan_id: str, n: str, s: Structure, g: Geometry) -> dict:
+    """A record's measurement of structure `s` (named `n`) of scan `scan_id` on grid `g`, in the questions' conventions:
+    `extent_mm` is the physical extent (the voxel bounding box, as EXT questions ask), `voxel_box_mm` one voxel's box."""
+    return {"scan_id": scan_id, "name": n, "label": s.label, "voxels": s.voxels, "volume_ml": s.volume_ml,
             "centroid_mm": [float(v) for v in s.centroid], "bbox_center_mm": [float(v) for v in s.bbox_center],
-            "extent_mm": [float(v) for v in s.extent]}
+            "extent_mm": [float(v) for v in phys_extent(s, g)], "voxel_box_mm": [float(v) for v in g.voxel_box]}
+
+def measured_structure(m: Mapping) -> Structure:
+    "The `Structure` a `measurement` describes (its box over voxel centres: the physical extent less one voxel's box)."
+    c = np.asarray(m["bbox_center_mm"], float)
+    half = (np.asarray(m["extent_mm"], float) - np.asarray(m.get("voxel_box_mm") or [0.0, 0.0, 0.0], float)) / 2
+    return Structure(int(m["label"]), m["name"], int(m["voxels"]), float(m["volume_ml"]), tuple(float(v) for v in m["centroid_mm"]),
+                     tuple((c - half).tolist()), tuple((c + half).tolist()))
+
+def _measure_record(c: ScanContext, n: str) -> dict: return measurement(c.scan_id, n, c.s(n), c.geom)
 
 def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict:
     scans = [contexts[s] for s in it["scan_ids"]]
@@ -1357,7 +1428,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                        min_voxels: int = MIN_VOXELS, max_tries: int = 40,
                        per_source: Mapping[str, Mapping[str, int]] | str | None = None,
                        focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5,
-                       accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5) -> list[dict]:
+                       accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5,
+                       policy: AskPolicy | None = AskPolicy()) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
@@ -1366,7 +1438,9 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     tumours, the share of questions that involve one; `focus`: per scan id, structures that a `focus_share` of that
     scan's questions involve instead (None: the tumours, as before); `accept`: per scan id, a predicate that an
     `accept_share` of that scan's questions must pass where a candidate does (`_scan_items`; the counterfactual pairs:
-    `spatialvqa.counterfactual.flip_predicate`). Returns records sorted by scan, task and qid (fields: `RECORD_FIELDS`)."""
+    `spatialvqa.counterfactual.flip_predicate`). `policy`: what a question may ask about (`AskPolicy`, the table of
+    "What a radiologist would ask"; None: every structure with enough voxels). Returns records sorted by scan, task and
+    qid (fields: `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]
     if bad: raise ValueError(f"unknown task(s) {bad}; expected some of {TASKS}")
@@ -1374,6 +1448,7 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                if c not in structures.columns]
     if missing: raise ValueError(f"structures table lacks column(s) {missing}")
     contexts = contexts_from_tables(structures, scans, min_voxels)
+    if policy is not None: contexts = {sid: policy.apply(c) for sid, c in contexts.items()}
     paths = {}
     if scans is not None:
         paths = {str(r["scan_id"]): (r.get("image"), r.get("labels")) for _, r in scans.iterrows()}
@@ -1383,7 +1458,7 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     for sid in sorted(contexts):
         budget = {t: n for t, n in {**per_scan, **per_source.get(contexts[sid].group, {})}.items() if t in tasks}
         items += _scan_items(contexts[sid], contexts, budget, seed, tumour_share, max_tries, seen,
-                             (focus or {}).get(sid, ()), focus_share, (accept or {}).get(sid), accept_share)
+                             (focus or {}).get(sid, ()), focus_share, (accept or {}).get(sid), accept_share, policy)
     ids = [it["qid"] for it in items]
     assert len(ids) == len(set(ids)), "duplicate qids"
     _assign_letters(items, seed)

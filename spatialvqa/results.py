@@ -305,7 +305,9 @@ def draw_summary(draws: pd.DataFrame, records: Sequence[Mapping], chance: Mappin
     return pd.DataFrame(rows)
 
 # %% ../nbs/44_results.ipynb #de109141
-TABLE2_COLUMNS = ["Model", "Size", "Backbones", "Scope", "MCA AVG", *TABLE2_TASKS, "Volume MRA", *PAIR_COLUMNS]
+# the headline first: accuracy on pairs whose answer flips (a blind answerer gets 0 by construction), then plain
+# accuracy per task as SpatialMed reports it
+TABLE2_COLUMNS = ["Model", "Size", "Backbones", "Scope", *PAIR_COLUMNS[::-1], "MCA AVG", *TABLE2_TASKS, "Volume MRA"]
 DEFAULT_MODEL_INFO = {
     "random": {"label": "Random", "size": "-", "backbones": "- (uniform letter)"},
     "prior": {"label": "Answer prior", "size": "-", "backbones": "- (answer frequencies)"},

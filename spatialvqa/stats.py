@@ -19,7 +19,8 @@ from .core import stable_hash
 # %% auto #0
 __all__ = ['MRA_THRESHOLDS', 'resampled_sums', 'bootstrap_means', 'percentile_interval', 'bootstrap_ci', 'bootstrap_cis',
            'paired_bootstrap_diff', 'mcnemar', 'holm', 'cluster_labels', 'pairwise_tests', 'with_ci', 'fmt_p', 'wilson',
-           'cohen_kappa', 'fleiss_kappa', 'mra', 'group_folds', 'cross_fit', 'word_counts', 'length_stats']
+           'cohen_kappa', 'fleiss_kappa', 'mra', 'design_effect', 'icc', 'min_detectable_difference', 'group_folds',
+           'cross_fit', 'word_counts', 'length_stats']
 
 # %% ../nbs/01_stats.ipynb #bc1b45fb
 def _cluster_codes(clusters, n: int) -> tuple[np.ndarray, int]:
@@ -249,6 +250,33 @@ def mra(pred, gt):
     acc = (np.abs(p - g) / g)[..., None] <= 1 - MRA_THRESHOLDS
     out = acc.mean(axis=-1)
     return float(out) if out.ndim == 0 else out
+
+# %% ../nbs/01_stats.ipynb #fcb21725
+def design_effect(clusters, icc: float) -> float:
+    "Kish's design effect 1 + (m̃ - 1)·icc of questions grouped by `clusters` (m̃ = Σm²/Σm, the size-weighted cluster size)."
+    _, m = np.unique(np.asarray(list(clusters), dtype=object).astype(str), return_counts=True)
+    return 1.0 + (float((m ** 2).sum() / m.sum()) - 1.0) * float(icc)
+
+def icc(values, clusters) -> float:
+    "One-way ANOVA intraclass correlation of `values` (e.g. 0/1 right answers) within `clusters`, floored at 0."
+    v = np.asarray(values, float)
+    codes, k = _cluster_codes(clusters, len(v))
+    n = np.bincount(codes, minlength=k).astype(float)
+    if k < 2 or len(v) <= k: return 0.0
+    mean_c = np.bincount(codes, weights=v, minlength=k) / n
+    ssb = float((n * (mean_c - v.mean()) ** 2).sum()); ssw = float(((v - mean_c[codes]) ** 2).sum())
+    msb, msw = ssb / (k - 1), ssw / (len(v) - k)
+    n0 = (len(v) - (n ** 2).sum() / len(v)) / (k - 1)
+    return 0.0 if msb + (n0 - 1) * msw <= 0 else max(0.0, (msb - msw) / (msb + (n0 - 1) * msw))
+
+def min_detectable_difference(clusters, icc_: float = 1.0, alpha: float = 0.05, power: float = 0.8,
+                              discordance: float = 0.5) -> float:
+    "The smallest accuracy difference (a fraction) between two models that a paired test detects (see above)."
+    from scipy.stats import norm
+    n = len(list(clusters))
+    if n == 0: return float("nan")
+    z = norm.ppf(1 - alpha / 2) + norm.ppf(power)
+    return float(z * math.sqrt(discordance * design_effect(clusters, icc_) / n))
 
 # %% ../nbs/01_stats.ipynb #3705b616
 def group_folds(groups: Sequence, k: int = 2, seed: int = 0) -> dict[str, int]:

@@ -24,13 +24,13 @@ import pandas as pd
 
 from .anatomy import REFERENCE, reference_range, typical_volume
 from .core import atomic_write, dumps, get_logger, stable_hash
-from .stats import cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
+from .stats import bootstrap_ci, cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .counterfactual import pair_key, scan_family
 from .measure import Structure
 from .prompt import build_prompt
 from .parse import parse_answer
 from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry_from_affine,
-                                  markdown_table, structure_from_row, to_frame)
+                                  markdown_table, measured_structure, structure_from_row, to_frame)
 
 # %% auto #0
 __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'ANSWERER_GROUP',
@@ -41,9 +41,9 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer',
            'LLMAnswerer', 'llm_answerer', 'make_answerers', 'predictions', 'cross_fit', 'vote', 'trivial',
            'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'balance_letters', 'Validation',
-           'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
-           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
-           'validated_frame', 'report_markdown', 'write_validation', 'add_cli']
+           'filter_report', 'leave_one_out', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit',
+           'validate', 'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'validated_frame', 'report_markdown', 'rates_frame', 'rates_records', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -83,8 +83,8 @@ def table_from_records(records: Iterable[dict]) -> pd.DataFrame:
     rows = {}
     for r in records:
         for m in (r.get("measurements") or {}).get("structures") or []:
-            c, e = np.asarray(m["bbox_center_mm"], float), np.asarray(m["extent_mm"], float)
-            lo, hi = c - e / 2, c + e / 2
+            st = measured_structure(m)
+            lo, hi = st.bbox_min, st.bbox_max
             rows[(m["scan_id"], m["name"])] = {
                 "scan_id": m["scan_id"], "label": int(m["label"]), "name": m["name"], "voxels": int(m["voxels"]),
                 "volume_ml": float(m["volume_ml"]), **{f"centroid_{a}": float(v) for a, v in zip("xyz", m["centroid_mm"])},
@@ -317,6 +317,16 @@ def option_features(r: dict) -> list[dict[str, float]]:
         out.append(f)
     return out
 
+_FEATURE_CACHE: dict[tuple, list[dict[str, float]]] = {}
+
+def _option_features(r: dict) -> list[dict[str, float]]:
+    "`option_features`, remembered by the text it reads (the filter's rounds and splits ask again and again)."
+    key = (r["subtask"], r["question"], tuple(r["options"]))
+    if key not in _FEATURE_CACHE:
+        if len(_FEATURE_CACHE) > 200_000: _FEATURE_CACHE.clear()
+        _FEATURE_CACHE[key] = option_features(r)
+    return _FEATURE_CACHE[key]
+
 def question_features(r: dict) -> dict[str, float]:
     "Features of a question's text, for numeric answers."
     f = {f"s:{r['subtask']}": 1.0}
@@ -340,7 +350,7 @@ class TextAnswerer:
         for r in records:
             if r["format"] != "mc": continue
             ci = LETTERS.index(r["answer_letter"])
-            for i, feats in enumerate(option_features(r)): X.append(feats); y.append(int(i == ci))
+            for i, feats in enumerate(_option_features(r)): X.append(feats); y.append(int(i == ci))
         self.vec, self.clf = DictVectorizer(), None
         if len(set(y)) == 2:
             self.clf = LogisticRegression(C=self.C, max_iter=2000).fit(self.vec.fit_transform(X), y)
@@ -351,31 +361,45 @@ class TextAnswerer:
             self.reg = Ridge(alpha=self.alpha).fit(Xn, [math.log(r["answer_value"]) for r in num])
         return self
 
+    def probas(self, records: Sequence[dict]) -> list[list[float] | None]:
+        "Softmax of the options' scores of every record (None for numeric ones), all options scored in one batch."
+        mc = [i for i, r in enumerate(records) if r["format"] == "mc"]
+        out: list[list[float] | None] = [None] * len(records)
+        if self.clf is None:
+            for i in mc: out[i] = _uniform(len(records[i]["options"]))
+            return out
+        feats = [_option_features(records[i]) for i in mc]
+        if not feats: return out
+        s = self.clf.decision_function(self.vec.transform([f for fs in feats for f in fs]))
+        at = 0
+        for i, fs in zip(mc, feats):
+            x = s[at:at + len(fs)]; at += len(fs)
+            e = np.exp(x - x.max())
+            out[i] = (e / e.sum()).tolist()
+        return out
+
     def proba(self, r: dict) -> list[float] | None:
         "Softmax of the options' scores (multiple choice; None for numeric questions)."
-        if r["format"] != "mc": return None
-        if self.clf is None: return _uniform(len(r["options"]))
-        s = self.clf.decision_function(self.vec.transform(option_features(r)))
-        e = np.exp(s - s.max())
-        return (e / e.sum()).tolist()
-
-    def predict_one(self, r: dict):
-        if r["format"] != "mc":
-            if self.reg is None: return None
-            return float(math.exp(self.reg.predict(self.nvec.transform([question_features(r)]))[0]))
-        return _pick(r, self.proba(r), self.seed)
+        return self.probas([r])[0]
 
     def predict(self, records: Sequence[dict]) -> list:
-        return [self.predict_one(r) for r in records]
+        out = [_pick(r, p, self.seed) if p is not None else None for r, p in zip(records, self.probas(records))]
+        num = [i for i, r in enumerate(records) if r["format"] != "mc"]
+        if num and self.reg is not None:
+            y = self.reg.predict(self.nvec.transform([question_features(records[i]) for i in num]))
+            for i, v in zip(num, y): out[i] = float(math.exp(v))
+        return out
+
+    def predict_one(self, r: dict): return self.predict([r])[0]
 
 # %% ../nbs/24_validate.ipynb #41aada6c
 def median_structure(name: str, ms: Sequence[Mapping]) -> Structure:
-    "One `Structure` from the measurements `ms` of structure `name` in one or more scans: the median of each (box by centre and extent)."
-    med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
-    c, e = med("bbox_center_mm"), med("extent_mm")
-    return Structure(label=int(ms[0]["label"]), name=name, voxels=int(med("voxels")), volume_ml=float(med("volume_ml")),
-                     centroid=tuple(med("centroid_mm").tolist()), bbox_min=tuple((c - e / 2).tolist()),
-                     bbox_max=tuple((c + e / 2).tolist()))
+    """One `Structure` from the measurements `ms` of structure `name` in one or more scans: the median of each (a box
+    by its centre and its physical extent less the voxel box, as `questions.measured_structure` rebuilds one)."""
+    med = lambda k, d=None: np.median(np.asarray([m.get(k, d) for m in ms], float), axis=0)
+    return measured_structure({"label": ms[0]["label"], "name": name, "voxels": int(med("voxels")), "volume_ml": float(med("volume_ml")),
+                               "centroid_mm": med("centroid_mm").tolist(), "bbox_center_mm": med("bbox_center_mm").tolist(),
+                               "extent_mm": med("extent_mm").tolist(), "voxel_box_mm": med("voxel_box_mm", [0.0] * 3).tolist()})
 
 def _settled(ev: dict) -> np.ndarray:
     "The options an `evaluate` result makes right (else those it leaves undecided), equally likely."
@@ -703,7 +727,8 @@ def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, see
 def predictions(a, records: Sequence[dict]) -> list[dict]:
     "Each record's `pred` by answerer `a`, and its option probabilities (`proba`) when `a` gives them."
     preds = a.predict(records)
-    probas = [a.proba(r) for r in records] if hasattr(a, "proba") else [None] * len(records)
+    if hasattr(a, "probas"): probas = a.probas(records)          # one batch (the text classifier)
+    else: probas = [a.proba(r) for r in records] if hasattr(a, "proba") else [None] * len(records)
     extra = {"sampled": True} if getattr(a, "sampled", False) else {}
     return [{"pred": p, "proba": q, **extra} for p, q in zip(preds, probas)]
 
@@ -984,11 +1009,15 @@ FILTERS = ("plausibility", "dedup", "triviality", "balance")
 
 @dataclass
 class Validation:
-    "What `validate` returns: the kept and removed records, the filter report (a table) and a summary (JSON-ready)."
+    """What `validate` returns: the kept and removed records, the filter report (a table) and a summary (JSON-ready);
+    with rule `chance`, the pool as the filter's first round saw it and each answerer's rate of right answers on it
+    (`rates`: per qid and answerer, `blind_answers`), from which `leave_one_out` reruns the filter."""
     kept: list[dict]
     removed: list[dict]
     report: pd.DataFrame
     summary: dict = field(default_factory=dict)
+    pool: list[dict] = field(default_factory=list)
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)
 
 def filter_report(records: Sequence[dict], removed: Sequence[dict], filters: Sequence[str] = FILTERS) -> pd.DataFrame:
     """Per task (and in all), the questions before filtering, how many each of `filters` removed (a record's
@@ -1007,6 +1036,30 @@ def filter_report(records: Sequence[dict], removed: Sequence[dict], filters: Seq
     df = pd.concat([df, pd.DataFrame([tot])], ignore_index=True)
     df["kept_share"] = (df["kept"] / df["questions"].where(df["questions"] > 0)).round(3)
     return df.astype({c: int for c in ["questions", *filters, "kept"]})
+
+# %% ../nbs/24_validate.ipynb #41b2c011
+def leave_one_out(records: Sequence[dict], right: Mapping[str, Mapping[str, float]], names: Sequence[str],
+                  tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, family_cap: float | None = FAMILY_CAP,
+                  protect_weight: float = PROTECT_WEIGHT, method: str = "ilp", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per held-out answerer of `names` (and `none`) and per multiple-choice task: the questions the chance filter of the
+    other answerers keeps (`kept`, of `n`), the held-out one's mean rate `right[qid][name]` on them (`accuracy`, with
+    `ci_low`/`ci_high` resampling scan families) and its rate on all of the task's questions (`before`)."""
+    rows = []
+    for held in [None, *names]:
+        others = [a for a in names if a != held]
+        for t in MC_TASKS:
+            rs = [r for r in records if r["task"] == t and r["format"] == "mc"]
+            if not rs: continue
+            keep = chance_subsample(rs, {}, others, tol=tol, protect=protect, seed=seed, groups=pair_key, right=right,
+                                    method=method, protect_weight=protect_weight, family_cap=family_cap)
+            ks = [r for r, k in zip(rs, keep) if k]
+            for a in ([held] if held else names):
+                v = np.array([right[r["qid"]][a] for r in ks], float)
+                ci = bootstrap_ci(v, [scan_family(r) for r in ks], n_boot, seed) if len(v) else {}
+                rows.append(dict(held_out=held or "none", answerer=a, task=t, n=len(rs), kept=len(ks),
+                                 before=float(np.mean([right[r["qid"]][a] for r in rs])),
+                                 accuracy=ci.get("estimate", np.nan), ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan)))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/24_validate.ipynb #12f6b780
 def _with_pairs(kept: Sequence[dict], removed: Sequence[dict], by: str) -> tuple[list[dict], list[dict]]:
@@ -1126,6 +1179,7 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
         pool = [at[r["qid"]] for r in pool if r["qid"] in at]
     preds, right = blind_answers(pool, ans, folds, seeds, rel_tol) if ans and pool else ({r["qid"]: {} for r in pool}, {})
     before, pool_before = dict(preds), list(pool)                 # before filtering, each question lettered as it then was
+    rates0 = {q: dict(v) for q, v in right.items()}
     kept = []
     cut: dict[str, str] = {}
     drop_bal: set[str] = set()
@@ -1237,7 +1291,7 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
                             "more_seeds": {str(s): {a: v["accuracy"] for a, v in blind_audit(kept, audit, folds, s, rel_tol)
                                                     .get("mc", {}).items()} for s in (fresh + 1, fresh + 2)}}
     log.info("validated %d questions: kept %d, removed %s", len(records), len(kept), summary["removed_by"])
-    return Validation(kept, removed, report, summary)
+    return Validation(kept, removed, report, summary, pool_before if rule == "chance" else [], rates0 if rule == "chance" else {})
 
 # %% ../nbs/24_validate.ipynb #8eb4a268
 SCORES = {0: "reject: wrong, ambiguous or not answerable from the scan",
@@ -1346,14 +1400,36 @@ def report_markdown(val: Validation) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/24_validate.ipynb #e70cebea
+_RATE_KEYS = ("qid", "task", "format", "scan_id", "source", "pair_of", "answer_letter")
+
+def rates_frame(val: Validation) -> pd.DataFrame:
+    "The first round's pool and every answerer's rate of right answers on it, one row per question (`Validation.rates`)."
+    names = list(dict.fromkeys(a for v in val.rates.values() for a in v))
+    rows = [{**{k: r.get(k) for k in _RATE_KEYS}, "n_options": len(r.get("options") or []),
+             **{f"rate_{a}": val.rates.get(r["qid"], {}).get(a) for a in names}} for r in val.pool]
+    return pd.DataFrame(rows, columns=[*_RATE_KEYS, "n_options", *(f"rate_{a}" for a in names)])
+
+def rates_records(frame: pd.DataFrame) -> tuple[list[dict], dict[str, dict[str, float]], list[str]]:
+    "`rates_frame` read back: (records with what `leave_one_out` reads, rates per qid and answerer, the answerers)."
+    names = [c[len("rate_"):] for c in frame.columns if c.startswith("rate_")]
+    recs, rates = [], {}
+    for r in frame.to_dict("records"):
+        rec = {k: (None if isinstance(r[k], float) and math.isnan(r[k]) else r[k]) for k in _RATE_KEYS}
+        rec["options"] = [""] * int(r["n_options"])
+        recs.append(rec)
+        rates[rec["qid"]] = {a: float(r[f"rate_{a}"]) for a in names if r[f"rate_{a}"] is not None and not math.isnan(r[f"rate_{a}"])}
+    return recs, rates, names
+
 def write_validation(val: Validation, out: str | os.PathLike, results: str | os.PathLike | None = None) -> dict[str, Path]:
-    "Write kept (`validated.jsonl`/`.parquet`), removed (`removed.jsonl`) and the filter report (JSON, CSV, Markdown)."
+    """Write kept (`validated.jsonl`/`.parquet`), removed (`removed.jsonl`), the filter report (JSON, CSV, Markdown) and,
+    with rule `chance`, the first round's rates (`blind_rates.parquet`, `rates_frame`)."""
     from spatialvqa.core import write_json, write_jsonl, write_parquet
     out, results = Path(out), Path(results or out)
     paths = {"validated": write_jsonl(val.kept, out / "validated.jsonl"),
              "validated_parquet": write_parquet(validated_frame(val.kept), out / "validated.parquet"),
              "removed": write_jsonl(val.removed, out / "removed.jsonl"),
              "report_json": write_json(val.summary, results / "filter_report.json")}
+    if val.rates: paths["rates"] = write_parquet(rates_frame(val), out / "blind_rates.parquet")
     with atomic_write(results / "filter_report.csv", newline="") as f: val.report.to_csv(f, index=False)
     with atomic_write(results / "filter_report.md") as f: f.write(report_markdown(val) + "\n")
     return paths | {"report_csv": results / "filter_report.csv", "report_md": results / "filter_report.md"}

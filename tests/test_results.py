@@ -30,8 +30,8 @@ def values(run):
 def test_table2_layout_random_and_chance_rows(run, values):
     recs, _, scored = run
     t = R.table2(values, chance=R.chance_values(scored), n_total=len(recs))
-    assert list(t.columns) == ["Model", "Size", "Backbones", "Scope", "MCA AVG", "DIR", "DIST", "EXT", "VOL", "COMP", "Volume MRA",
-                              "Pair acc.", "Flip pairs"]
+    assert list(t.columns) == ["Model", "Size", "Backbones", "Scope", "Flip pairs", "Pair acc.", "MCA AVG", "DIR", "DIST", "EXT",
+                              "VOL", "COMP", "Volume MRA"]           # the headline (pairs whose answer flips) first
     assert (t[["Pair acc.", "Flip pairs"]] == "-").all().all()          # a benchmark without counterfactual pairs
     assert "Random" in t["Model"].tolist() and t["Model"].iloc[-1] == "Chance (expected)"
     cell = re.compile(r"^\d+\.\d \[\d+\.\d, \d+\.\d\]$")

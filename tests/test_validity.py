@@ -94,7 +94,7 @@ def _atlas(kept, exclude):
     for n, by_scan in per.items():
         ms = list(by_scan.values())
         med = lambda k: np.median(np.asarray([m[k] for m in ms], float), axis=0)
-        c, e = med("bbox_center_mm"), med("extent_mm")
+        c, e = med("bbox_center_mm"), med("extent_mm") - med("voxel_box_mm")   # physical extent less one voxel: centres' box
         out[n] = Structure(0, n, int(med("voxels")), float(med("volume_ml")), tuple(med("centroid_mm")), tuple(c - e / 2), tuple(c + e / 2))
     return out
 
