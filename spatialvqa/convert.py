@@ -32,11 +32,12 @@ from .scan import (ORDERS, ScanError, Volume, nifti_affine, read_labels, read_vo
 
 
 # %% auto #0
-__all__ = ['AMOS_LABELS', 'KITS_LABELS', 'LICENCES', 'IMAGE_MODES', 'AMOS_MRI_FROM', 'CONVERTERS', 'match_label_name',
-           'label_mapping', 'value_counts', 'remap', 'body_midline_x', 'split_kidneys', 'Case', 'merge_into',
-           'convert_totalsegmentator', 'convert_amos', 'convert_msd', 'convert_kits', 'convert_pyradiomics',
-           'convert_openkbp', 'convert_phantom', 'convert', 'check_name', 'check_datasets', 'convert_datasets',
-           'add_cli']
+__all__ = ['AMOS_LABELS', 'KITS_LABELS', 'LICENCES', 'IMAGE_MODES', 'AMOS_MRI_FROM', 'RT_ALIASES', 'FREE_IDS',
+           'RTSTRUCT_LICENCES', 'CONVERTERS', 'match_label_name', 'label_mapping', 'value_counts', 'remap',
+           'body_midline_x', 'split_kidneys', 'Case', 'merge_into', 'convert_totalsegmentator', 'convert_amos',
+           'convert_msd', 'convert_kits', 'convert_pyradiomics', 'convert_openkbp', 'convert_phantom',
+           'collection_lesions', 'rt_label_name', 'rt_table', 'RtCase', 'convert_rtstruct', 'convert', 'check_name',
+           'check_datasets', 'convert_datasets', 'add_cli']
 
 # %% ../nbs/17_convert.ipynb #debf47ca
 _ALIASES: dict[str, str] = {  # normalised dataset names (side removed) → ours, where the spelling rules are not enough
@@ -720,10 +721,178 @@ def convert_phantom(src: str | os.PathLike, out: str | os.PathLike, workers: int
     return _finish("phantom", name, licence, src, out, records, rejected, None, {"notes": ["label maps are ours already: listed, not rewritten"]})
 
 
+# %% ../nbs/17_convert.ipynb #rtc00002
+from .anatomy import ALL_LABELS, TUMOURS
+from .rtstruct import SLICE_TOL, read_header, read_rtstruct
+
+_RT_SIDES = {"l": "left", "lt": "left", "left": "left", "r": "right", "rt": "right", "right": "right"}
+RT_ALIASES: dict[str, str] = {  # radiotherapy ROI stems (lower case, side words removed, words joined by '_') → ours
+    "brain_stem": "brainstem", "cord": "spinal_cord", "spinalcord": "spinal_cord", "parotid": "parotid_gland",
+    "submandibular": "submandibular_gland", "submand": "submandibular_gland", "lacrimal": "lacrimal_gland",
+    "globe": "eye", "lens": "eye_lens", "opticnerve": "optic_nerve", "optic_nrv": "optic_nerve",
+    "ptv70": "ptv_70", "ptv63": "ptv_63", "ptv56": "ptv_56",
+}
+
+def collection_lesions(collection: str | None) -> dict[str, str]:
+    "ROI name → our lesion label of a collection's tumour contours, from `anatomy.TUMOURS`' sources."
+    return {s.label: l.name for l in TUMOURS.values() for s in l.sources if collection and s.dataset == collection}
+
+def rt_label_name(roi: str, lesions: Mapping[str, str] | None = None) -> str | None:
+    "Our label name for a radiotherapy ROI name (`lesions`: the collection's tumour ROIs, see `collection_lesions`), else None."
+    if lesions and roi in lesions: return lesions[roi]
+    toks = [t for t in re.sub(r"[^0-9a-z]+", "_", roi.lower()).split("_") if t]
+    sides = {_RT_SIDES[t] for t in toks if t in _RT_SIDES}
+    stem = [t for t in toks if t not in _RT_SIDES]
+    if len(sides) > 1 or not stem: return None
+    name = RT_ALIASES.get("_".join(stem)) or RT_ALIASES.get("".join(stem)) or "_".join(stem)
+    return match_label_name(f"{name}_{sides.pop()}" if sides else name)
+
+# %% ../nbs/17_convert.ipynb #rtc00006
+FREE_IDS = range(140, 190)   # ids our vocabulary leaves free: ROIs with no label of ours, under their own names
+
+def rt_table(rois: Mapping[str, Sequence[str]], mapping: Mapping[str, str | None] | None = None,
+             collections: Mapping[str, str | None] | None = None) -> dict[str, dict[str, tuple[int, str] | None]]:
+    """Per case of `rois` (case → its ROI names), each ROI's `(id, name)`: `mapping` first (None: left out), then
+    `rt_label_name` with the lesions of the case's collection (`collections`), else a free id under its own name."""
+    mapping, collections = dict(mapping or {}), dict(collections or {})
+    if bad := {k: v for k, v in mapping.items() if v is not None and v not in NAME_TO_ID}:
+        raise KeyError(f"mapping: {', '.join(f'{v!r} (for ROI {k!r})' for k, v in bad.items())} is not a label of ours")
+    ours = {c: {r: mapping[r] if r in mapping else rt_label_name(r, collection_lesions(collections.get(c))) for r in names}
+            for c, names in rois.items()}
+    own = sorted({r for c, names in rois.items() for r in names if ours[c][r] is None and r not in mapping})
+    if len(own) > len(FREE_IDS):
+        raise ValueError(f"{len(own)} ROI names have no label of ours, more than the {len(FREE_IDS)} free ids "
+                         f"{FREE_IDS[0]}-{FREE_IDS[-1]}; name some with mapping={{ROI: our name}} or leave them out with None")
+    free = dict(zip(own, FREE_IDS))
+    return {c: {r: (None if r in mapping and mapping[r] is None else (NAME_TO_ID[ours[c][r]], ours[c][r]) if ours[c][r]
+                    else (free[r], r)) for r in names} for c, names in rois.items()}
+
+# %% ../nbs/17_convert.ipynb #rtc00010
+def _modalities(folder: Path, first: bool = False) -> dict[Path, str]:
+    "Modality of each DICOM file directly in `folder` (other files are left out); `first`: stop at the first one."
+    import pydicom
+    out = {}
+    for f in sorted(folder.iterdir()):
+        if not f.is_file() or _is_junk(f): continue
+        try: out[f] = str(pydicom.dcmread(str(f), stop_before_pixels=True, specific_tags=["Modality"]).get("Modality", "")).upper()
+        except Exception: continue
+        if first: break
+    return out
+
+def _rt_patients(src: Path) -> list[Path]:
+    "`[src]` when it is one patient's folder, else its folders."
+    kids = [d for d in sorted(src.iterdir()) if d.is_dir() and not _is_junk(d)]
+    return [src] if any(_modalities(d, first=True) for d in [src, *kids]) else kids
+
+def _rt_series(d: Path) -> tuple[list[Path], list[Path]]:
+    "The RTSTRUCT files and the CT series folders anywhere under the patient folder `d`."
+    rts, cts = [], []
+    for folder, subdirs, _ in os.walk(d):
+        subdirs[:] = sorted(s for s in subdirs if not s.startswith("."))
+        mods = _modalities(Path(folder))
+        rt = [f for f, m in mods.items() if m == "RTSTRUCT"]
+        if rt and "CT" in mods.values():
+            raise ScanError(rt[0], f"an RTSTRUCT among the CT slices of {folder}; the series reader needs a folder of CT slices only")
+        rts += rt
+        if "CT" in mods.values(): cts.append(Path(folder))
+    return rts, cts
+
+def _series_uid(folder: Path) -> str:
+    import pydicom
+    f = next(iter(_modalities(folder, first=True)))
+    return str(pydicom.dcmread(str(f), stop_before_pixels=True, specific_tags=["SeriesInstanceUID"]).get("SeriesInstanceUID", ""))
+
+# %% ../nbs/17_convert.ipynb #rtc00014
+@dataclasses.dataclass
+class RtCase(Case):
+    "A `Case` whose labels are an RTSTRUCT and image the CT series it was drawn on; `table` and `names` are keyed by ROI name."
+    tolerance: float = SLICE_TOL
+
+def _from_rtstruct(case: RtCase) -> tuple[Volume, np.ndarray, dict[str, str], dict]:
+    s = read_rtstruct(case.image, case.labels, rois=list(case.table), tolerance=case.tolerance)
+    lab, _ = s.label_map(case.table)
+    names = {case.table[r]: case.names[r] for r in case.table}
+    painted = sum(r.voxels for r in s.rois)
+    extra = {"label_names": {str(i): names[i] for i in sorted(value_counts(lab.array))},
+             "rois": {r: case.names.get(r) for r in case.names}}
+    if painted > np.count_nonzero(lab.array): extra["overlap_voxels"] = int(painted - np.count_nonzero(lab.array))
+    if s.skipped: extra["skipped_rois"] = s.skipped
+    unmapped = {r: "left out by mapping" for r in case.names if r not in case.table}
+    return Volume(lab.array, lab.affine, case.labels), lab.array, unmapped, extra
+
+_READERS["rtstruct"] = _from_rtstruct
+
+# %% ../nbs/17_convert.ipynb #rtc00018
+RTSTRUCT_LICENCES: dict[str, str] = {"NSCLC-Radiomics": "CC BY-NC 3.0"}   # TCIA collections, by the name in their files
+
+def _rt_fault(case: RtCase) -> tuple[str, str] | None:
+    "The `(path, fault)` of a case whose RTSTRUCT does not fit its series, else None (everything read, nothing written)."
+    try: read_rtstruct(case.image, case.labels, rois=list(case.table), tolerance=case.tolerance)
+    except ScanError as e: return e.path, e.fault
+    return None
+
+def _rt_found(src: Path) -> tuple[list[tuple], list[dict], list[dict]]:
+    "`(scan_id, case, series, rtstruct, header)` of every RTSTRUCT under `src`, the faulty ones (as rejects), the skipped patients."
+    found, faults, skipped = [], [], []
+    for d in _rt_patients(src):
+        try:
+            rts, cts = _rt_series(d)
+            if not rts: skipped.append({"case": d.name, "reason": "no RTSTRUCT file"}); continue
+            if not cts: raise ScanError(d, f"no CT series beside the RTSTRUCT {rts[0].relative_to(d)}")
+        except ScanError as e:
+            faults.append({"scan_id": f"rtstruct_{d.name}", "case": d.name, "image": None, "labels": None, "error": str(e)}); continue
+        for n, rt in enumerate(rts, 1):
+            sid = f"rtstruct_{d.name}" + (f"_{n}" if len(rts) > 1 else "")
+            try:
+                h = read_header(rt)
+                series = cts[0] if len(cts) == 1 else next((c for c in cts if _series_uid(c) in h.series), None)
+                if series is None: raise ScanError(rt, f"references series {', '.join(h.series) or '(none)'}, none of the {len(cts)} CT series under {d}")
+                found.append((sid, d.name, series, rt, h))
+            except ScanError as e:
+                faults.append({"scan_id": sid, "case": d.name, "image": None, "labels": str(rt), "error": str(e)})
+    return found, faults, skipped
+
+def convert_rtstruct(src: str | os.PathLike, out: str | os.PathLike, workers: int | None = None,
+                     scheduler: str | None = None, images: str = "reference", verify_images: bool = False,
+                     mapping: Mapping[str, str | None] | None = None, collection: str | None = None,
+                     tolerance: float = SLICE_TOL, faulty: str = "stop", name: str | None = None,
+                     licence: str | None = None) -> list[dict]:
+    """Convert CT series with RTSTRUCTs at `src` (a folder of patient folders, or one patient folder, each holding a CT
+    series and an RTSTRUCT at any depth); ROI names become our labels, or keep their own under a free id."""
+    src = Path(src)
+    if faulty not in ("stop", "reject"): raise ValueError(f"faulty must be 'stop' or 'reject', got {faulty!r}")
+    if not src.is_dir(): raise ScanError(src, "no such folder")
+    found, rejected, skipped = _rt_found(src)
+    if not found and not rejected: raise ScanError(src, "no RTSTRUCT beside a CT series in it or in its folders")
+    colls = {sid: collection or h.collection for sid, _, _, _, h in found}
+    table = rt_table({sid: list(dict.fromkeys(h.rois.values())) for sid, _, _, _, h in found}, mapping, colls)
+    cases = [RtCase(sid, case, str(series), str(rt), table={r: v[0] for r, v in table[sid].items() if v},
+                    names={r: (v[1] if v else None) for r, v in table[sid].items()}, reader="rtstruct", tolerance=tolerance)
+             for sid, case, series, rt, _ in found]
+    if faulty == "stop":
+        outs = parallel_map(_rt_fault, cases, workers=workers, scheduler=scheduler, desc="check RTSTRUCTs")
+        if bug := next((o for o in outs if not o.ok), None): raise RuntimeError(f"checking {bug.item.labels}: {bug.error}\n{bug.traceback}")
+        faults = [o.value for o in outs if o.value]
+        if rejected or faults:
+            path, fault = faults[0] if faults else rejected[0]["error"].split(": ", 1)
+            raise ScanError(path, f"{fault}; nothing converted ({len(rejected) + len(faults)} of {len(found) + len(rejected)} "
+                                  "patients' RTSTRUCTs are faulty; faulty='reject' converts the others)")
+    dataset = next(iter(set(colls.values()))) if len(set(colls.values())) == 1 and None not in colls.values() else "RTSTRUCT"
+    own = {r: v[0] for t in table.values() for r, v in t.items() if v and v[1] == r and r not in NAME_TO_ID}
+    notes = [f"contours matched to slices within {tolerance:g} of the slice spacing; holes by the even-odd rule; "
+             "overlapping structures painted largest first (a structure inside another keeps its voxels)"]
+    if own: notes.append(f"{len(own)} ROI name(s) have no label of ours and keep their own name under a free id "
+                         f"({FREE_IDS[0]}-{FREE_IDS[-1]}): " + ", ".join(f"{r} = {i}" for r, i in sorted(own.items(), key=lambda x: x[1])))
+    report = {r: (v[1] if v[1] != r or r in NAME_TO_ID else f"{r} (own name, id {v[0]})") if v else None
+              for t in table.values() for r, v in t.items()}
+    return _run(dataset, licence or RTSTRUCT_LICENCES.get(dataset, "unknown: see the collection's terms of use"), src, out,
+                cases, "rtstruct", dict(sorted(report.items())), rejected, skipped, [], workers, scheduler, images,
+                verify_images, notes, name)
+
 # %% ../nbs/17_convert.ipynb #bdc6f5c8
 CONVERTERS: dict[str, Callable[..., list[dict]]] = {
     "totalsegmentator": convert_totalsegmentator, "amos": convert_amos, "msd": convert_msd, "kits": convert_kits,
-    "pyradiomics": convert_pyradiomics, "openkbp": convert_openkbp, "phantom": convert_phantom}
+    "pyradiomics": convert_pyradiomics, "openkbp": convert_openkbp, "rtstruct": convert_rtstruct, "phantom": convert_phantom}
 
 def convert(dataset: str, src: str | os.PathLike, out: str | os.PathLike, **kwargs) -> list[dict]:
     "Convert the downloaded `dataset` folder `src` into `out` with the converter registered under that name."
@@ -818,7 +987,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     "Add the `convert` subcommand to an argparse `subparsers` object."
     p = subparsers.add_parser("convert", help="convert a downloaded dataset folder to label maps with TotalSegmentator ids")
     p.add_argument("dataset", choices=sorted(CONVERTERS), type=str.lower, help="which dataset layout SRC has")
-    p.add_argument("src", help="the downloaded dataset folder (for msd: one TaskNN_Name folder)")
+    p.add_argument("src", help="the downloaded dataset folder (for msd: one TaskNN_Name folder; for rtstruct: patient folders, or one, each with a CT series and an RTSTRUCT)")
     p.add_argument("--out", required=True, help="output folder: <scan_id>/labels.nii.gz, scans.json, rejected.json (merged into when used)")
     p.add_argument("--name", help="the dataset's name, recorded as every scan's source (default: the dataset's own)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores; 0: in process)")

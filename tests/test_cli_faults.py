@@ -20,7 +20,8 @@ CASES = {
               ("pyradiomics --out {d}/afile --offline --mirror ''", ["afile", "must be a folder"])],
     "phantom": [("--out {d}/afile -n 1", ["afile", "must be a folder"])],
     "convert": [("msd {d}/emptydir --out {d}/c", ["emptydir/dataset.json", "no such file"]),
-                ("msd {d}/emptydir --out {d}/emptydir", ["emptydir", "is the input"])],
+                ("msd {d}/emptydir --out {d}/emptydir", ["emptydir", "is the input"]),
+                ("rtstruct {d}/emptydir --out {d}/c", ["emptydir", "no RTSTRUCT beside a CT series"])],  # more: tests/test_rtstruct.py
     "ctsvqa-jury": [("--predictions {d}/list.jsonl --judgments {d}/bad.json --out {d}/o.json", ["list.jsonl:1", "no field 'question'"]),
                     ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --out {d}/o.json", ["bad.json", "not valid JSON"]),
                     ("--predictions {d}/preds.jsonl --judgments {d}/strverdict.json --out {d}/o.json", ["strverdict.json: row 0", "'true'"]),

@@ -367,7 +367,7 @@ def test_split_kidneys_ras_not_index():
 # ---------------------------------------------------------------- registry and command line
 
 def test_registry_and_cli(kits23, tmp_path):
-    assert set(CONVERTERS) == {"totalsegmentator", "amos", "msd", "kits", "pyradiomics", "phantom"}
+    assert set(CONVERTERS) == {"totalsegmentator", "amos", "msd", "kits", "pyradiomics", "openkbp", "phantom", "rtstruct"}
     with pytest.raises(KeyError, match="unknown dataset"):
         convert("brats", kits23, tmp_path / "x")
     p = argparse.ArgumentParser()
