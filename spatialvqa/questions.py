@@ -1218,8 +1218,11 @@ def _finish(item: dict, contexts: Mapping[str, ScanContext], rng) -> dict | None
     item["qid"] = _qid(item)
     return item
 
+_SYMMETRIC = ("DIST.value", "DIST.range", "VOL.sum")   # asking about (a, b) asks about (b, a)
+
 def _dedup_key(item: dict) -> tuple:
     spec = {k: v for k, v in item["spec"].items() if k not in ("options", "spacing_mm")}
+    if item["subtask"] in _SYMMETRIC and "a" in spec: spec["a"], spec["b"] = sorted((spec["a"], spec["b"]))
     return (tuple(sorted(item["scan_ids"])), item["subtask"], tuple(sorted(item["structures"])), dumps(spec, sort_keys=True))
 
 def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: Mapping[str, int], seed: int,

@@ -1055,7 +1055,7 @@ def leave_one_out(records: Sequence[dict], right: Mapping[str, Mapping[str, floa
             ks = [r for r, k in zip(rs, keep) if k]
             for a in ([held] if held else names):
                 v = np.array([right[r["qid"]][a] for r in ks], float)
-                ci = bootstrap_ci(v, [scan_family(r) for r in ks], n_boot, seed) if len(v) else {}
+                ci = bootstrap_ci(v, [scan_family(r) if r.get("scan_id") else r["qid"] for r in ks], n_boot, seed) if len(v) else {}
                 rows.append(dict(held_out=held or "none", answerer=a, task=t, n=len(rs), kept=len(ks),
                                  before=float(np.mean([right[r["qid"]][a] for r in rs])),
                                  accuracy=ci.get("estimate", np.nan), ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan)))
