@@ -860,7 +860,7 @@ class AskPolicy:
     lesion_min_ml: float = 1.0          # ... a lesion from this size on
     cut: bool = False                   # ask about structures the scan's faces cut (only within the scanned region)
     same_region: bool = True            # a question's structures come from one body region (`anatomy.region`)
-    max_distance_mm: float | None = 150.0   # DIST: structures farther apart (bounding-box centres) are not paired
+    max_distance_mm: float | None = 200.0   # DIST: structures farther apart (bounding-box centres) are not paired
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
         "Why structure `n` of scan `c` may not be named by any question (None: it may)."

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .core import atomic_write, get_logger, read_jsonl
-from .stats import bootstrap_means, bootstrap_ci, percentile_interval, _cluster_codes
+from .stats import bootstrap_means, bootstrap_ci, icc, min_detectable_difference, percentile_interval, _cluster_codes
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
 from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table, blind_gap, circular_eval,
@@ -26,11 +26,11 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
 __all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
            'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'task_matrix', 'cluster_of',
            'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap', 'draw_summary',
-           'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape', 'latex_table',
-           'write_table', 'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values',
-           'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations',
-           'circular_values', 'circular_chance', 'circular_table', 'circular_checks', 'failure_sheets',
-           'failure_instructions', 'failure_counts']
+           'table2_values', 'chance_values', 'table2', 'sanity_checks', 'detectable_differences', 'markdown',
+           'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range',
+           'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table',
+           'score_metrics', 'split_rotations', 'circular_values', 'circular_chance', 'circular_table',
+           'circular_checks', 'failure_sheets', 'failure_instructions', 'failure_counts']
 
 # %% ../nbs/44_results.ipynb #99dbe145
 TABLE2_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
@@ -425,6 +425,39 @@ def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str
     f = values[values["column"] == "Flip pairs"]
     if len(f): out["flip_pair_accuracy"] = {str(m): round(float(e), 4) for m, e in zip(f["model"], f["estimate"])}
     return out
+
+# %% ../nbs/44_results.ipynb #22f4075e
+def detectable_differences(scored: pd.DataFrame, alpha: float = 0.05, power: float = 0.8, discordance: float = 0.5) -> pd.DataFrame:
+    """Per Table 2 task and `MCA AVG`: `questions`, `patients`, `effective_patients` (Kish), `icc` (the largest of the
+    models in `scored`, per task) and the minimum detectable difference in points at ρ 0, at that icc and at ρ 1."""
+    d = in_scope(scored)
+    d = d[d["task"].isin(TABLE2_TASKS)]
+    q = d.drop_duplicates("qid")
+    fam = dict(zip(q["qid"].astype(str), cluster_of(q)))
+    def mdd(cl, rho): return 100 * min_detectable_difference(cl, rho, alpha, power, discordance)
+    rows, per = [], {}
+    for t in TABLE2_TASKS:
+        qt = q[q["task"] == t]
+        if not len(qt): continue
+        cl = [fam[x] for x in qt["qid"].astype(str)]
+        rho = 0.0
+        for _, g in d[d["task"] == t].groupby("model", observed=True):
+            v = np.asarray(outcome(g, True), float)
+            if len(v) == len(qt) and np.nanstd(v) > 0: rho = max(rho, icc(v, [fam[x] for x in g["qid"].astype(str)]))
+        per[t] = (cl, rho)
+        m = np.unique(cl, return_counts=True)[1]
+        rows.append(dict(task=t, questions=len(cl), patients=len(m), effective_patients=float(m.sum() ** 2 / (m ** 2).sum()),
+                         icc=rho, mdd_independent=mdd(cl, 0.0), mdd_icc=mdd(cl, rho), mdd_patients=mdd(cl, 1.0)))
+    if per:   # MCA AVG: the mean of the tasks' differences, its variance a 25th of the sum of theirs
+        k = len(per)
+        avg = lambda f: float(np.sqrt(sum(f(cl, rho) ** 2 for cl, rho in per.values())) / k)
+        allq = sorted({x for t in per for x in per[t][0]})
+        m = np.unique([c for cl, _ in per.values() for c in cl], return_counts=True)[1]
+        rows.append(dict(task="MCA AVG", questions=sum(len(cl) for cl, _ in per.values()), patients=len(m),
+                         effective_patients=float(m.sum() ** 2 / (m ** 2).sum()), icc=max(r for _, r in per.values()),
+                         mdd_independent=avg(lambda cl, r: mdd(cl, 0.0)), mdd_icc=avg(lambda cl, r: mdd(cl, r)),
+                         mdd_patients=avg(lambda cl, r: mdd(cl, 1.0))))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/44_results.ipynb #b38d3d57
 def markdown(df: pd.DataFrame) -> str:

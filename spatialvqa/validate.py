@@ -40,7 +40,7 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'question_features', 'TextAnswerer', 'median_structure', 'AtlasAnswerer', 'textbook_structure',
            'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer',
            'LLMAnswerer', 'llm_answerer', 'make_answerers', 'predictions', 'cross_fit', 'vote', 'trivial',
-           'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'balance_letters', 'Validation',
+           'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'ordered', 'balance_letters', 'Validation',
            'filter_report', 'leave_one_out', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit',
            'validate', 'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
            'validated_frame', 'report_markdown', 'rates_frame', 'rates_records', 'write_validation', 'add_cli']
@@ -929,14 +929,15 @@ def _swap_letters(r: dict, target: int) -> dict:
     return _swap_positions(r, LETTERS.index(r["answer_letter"]), target)
 
 def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.ndarray, seed: int,
-                 stay: Sequence[int] | None = None) -> list[int | None] | None:
+                 stay: Sequence[int] | None = None, allowed: Sequence[Sequence[bool]] | None = None) -> list[int | None] | None:
     """For each group, which of its option swaps to use (an index into `swaps[g]`, each the letter counts it gives), or
     None to drop it: every letter the same count, as many questions kept as possible (`weight`: protected groups
     count more; a seeded jitter picks among equally good choices). With `stay` (per group, the index that leaves its
     options as they are) a second program keeps as many and swaps as few groups as it can. 0/1 linear programs; None
-    when one fails."""
+    when one fails. `allowed` (per group, per choice): the choices it may take at all."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     idx = [(g, t) for g, opts in enumerate(swaps) for t in range(len(opts))]
+    ub = np.r_[[float(allowed is None or allowed[g][t]) for g, t in idx], np.inf]
     k = len(swaps[0][0]) if swaps else 0
     nv = len(idx) + 1                                         # the choices, and the common count of every letter
     jitter = np.random.default_rng(seed).uniform(0, 1e-3, len(idx))
@@ -947,7 +948,7 @@ def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.nda
     for j, (g, t) in enumerate(idx): eq[:, j] = swaps[g][t]
     eq[:, -1] = -1
     res = milp(c=c, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0)], integrality=np.ones(nv),
-               bounds=Bounds(0, np.r_[np.ones(len(idx)), np.inf]), options={"time_limit": 120})
+               bounds=Bounds(0, ub), options={"time_limit": 120})
     if res.x is None: return None
     if stay is not None:                                      # as many kept (by weight), then the fewest swaps
         kw = np.zeros(nv); kw[:-1] = [weight[g] * size[g] for g, _ in idx]
@@ -955,12 +956,20 @@ def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.nda
         c2 = np.zeros(nv); c2[:-1] = -(np.array([float(t == stay[g]) for g, t in idx]) + tie)
         res2 = milp(c=c2, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0),
                                        LinearConstraint(kw, float(kw @ np.round(res.x)) - 1e-6, np.inf)],
-                    integrality=np.ones(nv), bounds=Bounds(0, np.r_[np.ones(len(idx)), np.inf]), options={"time_limit": 120})
+                    integrality=np.ones(nv), bounds=Bounds(0, ub), options={"time_limit": 120})
         if res2.x is not None: res = res2
     out: list[int | None] = [None] * len(swaps)
     for j, (g, t) in enumerate(idx):
         if res.x[j] > 0.5: out[g] = t
     return out
+
+def ordered(r: Mapping) -> bool:
+    """Whether a multiple-choice record's options run in order (a ladder of numbers, or adjacent ranges): swapping two
+    of them would leave a trace that points at the moved option, so the letter balancing never moves them."""
+    vals = r.get("option_values")
+    if vals: return all(a < b for a, b in zip(vals, vals[1:]))
+    opts = (r.get("spec") or {}).get("options") or []
+    return bool(opts) and all(isinstance(o, (list, tuple)) and len(o) == 2 for o in opts)
 
 def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None,
                     groups: Sequence[str] | Callable[[dict], str] | None = None,
@@ -972,7 +981,8 @@ def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[d
     original's correct option with the option at some letter, in every member; the twins' letters follow) and is kept
     or dropped as a whole. The choice of swaps is a small 0/1 linear program (`_balance_ilp`, seeded); `minimal`: among
     the choices that keep the most, the one that swaps the fewest groups (each swap changes what a blind answerer that
-    reads the options sees, and breaks an ascending ladder of numbers, so a question that need not move stays)."""
+    reads the options sees, so a question that need not move stays). A group with `ordered` options never moves (a
+    swap would break its ladder of numbers and point at the key): it stays as it is, or is dropped."""
     out, dropped = [], []
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -983,20 +993,22 @@ def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[d
         members = defaultdict(list)
         for j, g in enumerate(gid): members[g].append(j)
         k = len(LETTERS)
-        swaps, pairs_of = [], []
+        swaps, pairs_of, allowed = [], [], []
         for g in keys:
             js = members[g]
             o = LETTERS.index(rs[next((j for j in js if not rs[j].get("pair_of")), js[0])]["answer_letter"])
             idx = [LETTERS.index(rs[j]["answer_letter"]) for j in js]
+            fixed = any(ordered(rs[j]) for j in js)
             opts = []
             for t in range(k):
                 cnt = np.zeros(k)
                 for i in idx: cnt[t if i == o else o if i == t else i] += 1
                 opts.append(cnt)
+            allowed.append([t == o or not fixed for t in range(k)])
             swaps.append(opts); pairs_of.append(o)
         size = np.array([len(members[g]) for g in keys], float)
         weight = np.array([PROTECT_WEIGHT if protect and any(protect(rs[j]) for j in members[g]) else 1.0 for g in keys])
-        choice = _balance_ilp(swaps, size, weight, s, pairs_of if minimal else None)
+        choice = _balance_ilp(swaps, size, weight, s, pairs_of if minimal else None, allowed)
         if choice is None:
             get_logger(__name__).warning("%s: the letters could not be balanced; kept as they are", task)
             choice = [pairs_of[i] for i in range(len(keys))]
