@@ -27,10 +27,10 @@ from .scan import ScanError, Volume, _check_geometry, _nrrd_ras_sign, read_volum
 from .stats import mra
 
 # %% auto #0
-__all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'AXES', 'QUANTITY_COLUMNS', 'our_name', 'read_mask', 'despeckle', 'ReaderMap',
-           'read_reader', 'two_reader_scans', 'measure_two_readers', 'paired', 'spreads', 'pair_differences',
-           'derive_margins', 'margins_table', 'reader_tables', 'flip_study', 'flip_summary', 'holds', 'survival',
-           'held_out_flips', 'plot_interreader']
+__all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'AXES', 'QUANTITY_COLUMNS', 'CLASS_EXAMPLES', 'our_name', 'read_mask',
+           'despeckle', 'ReaderMap', 'read_reader', 'two_reader_scans', 'measure_two_readers', 'paired', 'spreads',
+           'pair_differences', 'derive_margins', 'margins_table', 'reader_tables', 'flip_study', 'flip_summary',
+           'holds', 'survival', 'held_out_flips', 'plot_interreader']
 
 # %% ../nbs/28_interreader.ipynb #a6614310
 NIKOLOV_NAMES: dict[str, str] = {
@@ -208,6 +208,8 @@ def paired(structures: pd.DataFrame, a: str = READERS[0], b: str = READERS[1]) -
         out[f"centroid_{ax}"] = B[f"centroid_{ax}"].to_numpy() - A[f"centroid_{ax}"].to_numpy()
         out[f"bbox_center_{ax}"] = centre(B, ax) - centre(A, ax)
         out[f"extent_{ax}"] = B[ext].to_numpy() - A[ext].to_numpy()
+    cols = [c for cs in QUANTITY_COLUMNS.values() for c in cs]
+    out[cols] = out[cols].round(9)                  # box centres' float noise (1e-14 mm) is no difference
     return out.reset_index()
 
 def spreads(diffs: pd.DataFrame, by: str = "class", percentiles: Sequence[float] = (50, 90, 95, 100)) -> pd.DataFrame:
@@ -263,18 +265,18 @@ def derive_margins(diffs: pd.DataFrame, percentile: float = 100, min_voxels: int
         out[q] = {k: table[k] for k in STRUCTURE_CLASSES}
     return Margins(**out, provenance=provenance)
 
+CLASS_EXAMPLES = {"tiny": "eye_lens_left", "gland": "parotid_gland_left", "bone": "mandible", "tube": "spinal_cord",
+                  "organ": "brainstem", "large_organ": "brain", "lesion": "kidney_tumor"}   # a structure of each class (`margins_table`)
+
 def margins_table(m: Margins) -> pd.DataFrame:
     "One row per structure class: the volume margin (as |ln V2/V1| and as a factor) and the mm margins per axis."
     rows = []
     for cls in STRUCTURE_CLASSES:
-        r = {"class": cls, "volume_ln": m.of("volume", _EXAMPLE[cls])}
+        r = {"class": cls, "volume_ln": m.of("volume", CLASS_EXAMPLES[cls])}
         r["volume_factor"] = math.exp(r["volume_ln"])
-        for q in MARGIN_QUANTITIES[1:]: r.update({f"{q}_{a}": float(v) for a, v in zip(AXES, m.of(q, _EXAMPLE[cls]))})
+        for q in MARGIN_QUANTITIES[1:]: r.update({f"{q}_{a}": float(v) for a, v in zip(AXES, m.of(q, CLASS_EXAMPLES[cls]))})
         rows.append(r)
     return pd.DataFrame(rows)
-
-_EXAMPLE = {"tiny": "eye_lens_left", "gland": "parotid_gland_left", "bone": "mandible", "tube": "spinal_cord",
-            "organ": "brainstem", "large_organ": "brain", "lesion": "kidney_tumor"}   # a structure of each class
 
 # %% ../nbs/28_interreader.ipynb #136a7f7a
 def reader_tables(structures: pd.DataFrame, scans: pd.DataFrame, reader: str, both: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
