@@ -269,9 +269,14 @@ def results_pages(out: Path) -> None:
          "## Table 2: accuracy per task\n\n", _demote((tables / "table2.md").read_text().strip(), 2), "\n\n"]
     for p in sorted(tables.glob("*.md")):
         if p.name != "table2.md": a.append(_table_section(p))
+    ir = ROOT / "results" / "interreader"
+    a.append("## Keys under a second expert's contours\n\n"
+             "The `interreader` stage on Nikolov et al. 2018's two-reader head-and-neck set: keys that flip between a "
+             "radiographer's and an oncologist's contours with today's rules and with `generate.margins`, and those margins.\n\n")
+    for name in ("flips.md", "margins_params.md", "sensitivity.md", "held_out.md"): a.append(_table_section(ir / name, "###"))
     a.append("## Figures\n\n")
     for p in figs:
-        if p.parent.name == "track_a" or p.stem in ("composition", "counterfactual"): a.append(_figure(out, p, _caption(p)))
+        if p.parent.name == "track_a" or p.stem in ("composition", "counterfactual", "interreader"): a.append(_figure(out, p, _caption(p)))
     (out / "results_track_a.md").write_text("".join(a))
     ct = ROOT / "results" / "ctsvqa"
     b = ["# Results: CT-SpatialVQA (report-grounded questions)\n\n",

@@ -24,16 +24,17 @@ from .measure import Structure, bbox_center_distance, direction, measure_labels,
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
-           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE', 'SUBTASKS', 'POINTS',
+           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'TASK_QUANTITIES', 'STRUCTURE_CLASSES',
+           'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE', 'SUBTASKS', 'POINTS',
            'EVALUATORS', 'ELONGATED', 'COVERAGE_DEPENDENT', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS',
            'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume',
-           'direction_margin', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
-           'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance', 'evaluate',
-           'structure_weight', 'ScanContext', 'scan_context', 'positional', 'plausible_volume', 'plausible_length',
-           'related', 'AskPolicy', 'measurement', 'measured_structure', 'contexts_from_tables', 'parse_budget',
-           'parse_per_source', 'generate_questions', 'structures_of', 'crop_to_region', 'rederive', 'check_record',
-           'base_qid', 'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance',
-           'composition_long', 'composition', 'markdown_table']
+           'direction_margin', 'structure_class', 'Margins', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers',
+           'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent',
+           'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context', 'positional',
+           'plausible_volume', 'plausible_length', 'related', 'AskPolicy', 'measurement', 'measured_structure',
+           'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions', 'structures_of',
+           'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations', 'with_rotations',
+           'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
@@ -132,12 +133,106 @@ def _level(g: Geometry, axis: int) -> float:
     "An offset up to half a voxel along `axis` is 'level': no direction along that axis holds."
     return g.spacing[axis] / 2
 
+# %% ../nbs/20_questions.ipynb #b7e3c1a1
+MARGIN_QUANTITIES = ("volume", "centroid", "bbox_center", "extent")
+TASK_QUANTITIES = {"DIR": ("centroid", "bbox_center"), "DIST": ("bbox_center",), "EXT": ("extent",),
+                   "VOL": ("volume",), "COMP": ("volume",), "VOLEST": ("volume",)}
+STRUCTURE_CLASSES = ("tiny", "gland", "bone", "tube", "organ", "large_organ", "lesion")
+# contoured length set by where the contouring starts and stops (or the scan), not by anatomy
+CONTOURED_LENGTH = frozenset({"spinal_cord", "spinal_canal", "esophagus", "trachea", "colon", "small_bowel", "duodenum",
+                              "costal_cartilages"})
+
+def structure_class(name: str) -> str:
+    """The margin class of a structure, from its name alone: 'lesion'; 'tube' when its contoured length is set by
+    the contouring range (`CONTOURED_LENGTH`, vessels); 'tiny' under 1 mL typical volume (lens, cochlea, optic
+    nerve, lacrimal gland); 'gland'; 'bone' (and cartilage); 'large_organ' from 100 mL typical volume; else 'organ'."""
+    info = ANATOMY.get(name)
+    cat = info.category if info else None
+    if cat == "lesion" or name in TUMOURS: return "lesion"
+    if name in CONTOURED_LENGTH or cat in ("vessel", "space"): return "tube"
+    ref = REFERENCE.get(name)
+    typical = ref.typical_ml if ref is not None else None
+    if typical is not None and typical < 1.0: return "tiny"
+    if cat == "gland": return "gland"
+    if cat in ("bone", "cartilage"): return "bone"
+    return "large_organ" if typical is not None and typical >= 100 else "organ"
+
+@dataclass(frozen=True)
+class Margins:
+    """How far a second reader's contours may move what a question reads, per structure class (`structure_class`):
+    `volume` as |ln(V₂/V₁)|, `centroid` and `bbox_center` shifts and `extent` differences in mm along world x, y, z.
+    A class not listed takes the `"default"` entry's, else none; `provenance` says where the numbers come from."""
+    volume: Mapping[str, float] = field(default_factory=dict)
+    centroid: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    bbox_center: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    extent: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    provenance: str = ""
+
+    def of(self, quantity: str, name: str) -> float | np.ndarray:
+        "The margin of `quantity` for the structure `name`: a number for the volume, x, y, z mm otherwise."
+        table = getattr(self, quantity)
+        v = table.get(structure_class(name), table.get("default"))
+        if quantity == "volume": return 0.0 if v is None else float(v)
+        return np.zeros(3) if v is None else np.asarray(v, dtype=np.float64)
+
+    def __bool__(self) -> bool:
+        return any(np.any(np.asarray(v, dtype=np.float64) != 0) for q in MARGIN_QUANTITIES for v in getattr(self, q).values())
+
+    def for_spec(self, names: Iterable[str], task: str) -> dict | None:
+        "What a question's spec carries: the margins of `names` for the quantities `task` reads (None without margins)."
+        if not self: return None
+        names = sorted(set(names))
+        return {q: {n: round(self.of(q, n), 6) if q == "volume" else [round(float(x), 6) for x in self.of(q, n)] for n in names}
+                for q in TASK_QUANTITIES[task]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "Margins":
+        "Margins from a mapping like params.yaml's `generate.margins` (None or empty: no margins); refuses unknown keys."
+        if not d: return cls()
+        bad = set(d) - {*MARGIN_QUANTITIES, "provenance"}
+        if bad: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {MARGIN_QUANTITIES}")
+        out = {}
+        for q in MARGIN_QUANTITIES:
+            table = dict(d.get(q) or {})
+            bad = set(table) - {*STRUCTURE_CLASSES, "default"}
+            if bad: raise ValueError(f"{q}: unknown structure classes {sorted(bad)}; expected some of {STRUCTURE_CLASSES}")
+            for k, v in table.items():
+                v = np.asarray(v, dtype=np.float64)
+                if v.shape != (() if q == "volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
+                    raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'volume' else 'three numbers'} >= 0")
+                table[k] = float(v) if q == "volume" else tuple(float(x) for x in v)
+            out[q] = table
+        return cls(**out, provenance=str(d.get("provenance") or ""))
+
+    def to_dict(self) -> dict:
+        "The mapping `from_dict` reads back (plain Python numbers)."
+        out = {q: {k: float(v) if q == "volume" else [float(x) for x in v] for k, v in getattr(self, q).items()}
+               for q in MARGIN_QUANTITIES}
+        return {**out, "provenance": self.provenance}
+
+NO_MARGINS = Margins()
+
+def _mg(spec: Mapping, quantity: str, name: str) -> float | np.ndarray:
+    "The margin of `quantity` for `name` that a question's spec carries (0 when it carries none)."
+    v = ((spec.get("margins") or {}).get(quantity) or {}).get(name)
+    if quantity == "volume": return 0.0 if v is None else float(v)
+    return np.zeros(3) if v is None else np.asarray(v, dtype=np.float64)
+
 # %% ../nbs/20_questions.ipynb #a4086612
-def _num_truth(v: float, t: float, tol: Callable[[float], float]) -> bool | None:
-    "Option value `v` against the measured `t`: True within tolerance, False when clearly apart, None in between."
+def _num_truth(v: float, t: float, tol: Callable[[float], float], span: tuple[float, float] | None = None,
+               own: Callable[[float], float] | None = None) -> bool | None:
+    """Option value `v` against the measured `t`: True within tolerance, False when clearly apart (beyond `t`'s
+    tolerance and `own`'s of `v`, default `tol`), None in between. `span` (lo, hi): `t` may lie anywhere in it (a
+    second reader's measurement): True or False only when both ends say so, with `v` outside it for False."""
+    own = tol if own is None else own
+    if span is not None:
+        ends = [_num_truth(v, x, tol, own=own) for x in span]
+        if ends[0] is True and ends[1] is True: return True
+        if ends[0] is False and ends[1] is False and not span[0] < v < span[1]: return False
+        return None
     if abs(v - t) <= tol(t): return True
     lo, hi = sorted((abs(v), abs(t)))
-    if abs(v - t) > tol(t) + tol(v) and (lo == 0 or hi / lo >= MIN_RATIO): return False
+    if abs(v - t) > tol(t) + own(v) and (lo == 0 or hi / lo >= MIN_RATIO): return False
     return None
 
 def _num_distinct(x: float, y: float, tol: Callable[[float], float]) -> bool:
@@ -147,8 +242,14 @@ def _num_distinct(x: float, y: float, tol: Callable[[float], float]) -> bool:
 def _vol_rel(s: Structure) -> float:
     return tol_volume(s.volume_ml, s.voxels) / s.volume_ml if s.volume_ml > 0 else 1.0
 
-def vol_larger(a: Structure, b: Structure) -> bool:
-    "True when `a` is clearly larger than `b`: by `MIN_RATIO` and beyond both volumes' tolerances."
+def _scaled(s: Structure, f: float) -> Structure:
+    "`s` with its volume and voxel count scaled by `f`: where another reader's contour could put it."
+    return s if f == 1 else dataclasses.replace(s, volume_ml=s.volume_ml * f, voxels=max(1, int(round(s.voxels * f))))
+
+def vol_larger(a: Structure, b: Structure, ma: float = 0.0, mb: float = 0.0) -> bool:
+    """True when `a` is clearly larger than `b`: by `MIN_RATIO` and beyond both volumes' tolerances; with margins
+    `ma`, `mb` (|ln V₂/V₁|), for every pair of volumes within them (`a` shrunk, `b` grown)."""
+    a, b = _scaled(a, math.exp(-ma)), _scaled(b, math.exp(mb))
     return a.volume_ml >= b.volume_ml * max(MIN_RATIO, (1 + _vol_rel(a)) * (1 + _vol_rel(b)))
 
 def _argbest(items: Sequence, beats: Callable) -> list[bool | None]:
@@ -161,12 +262,14 @@ def _argbest(items: Sequence, beats: Callable) -> list[bool | None]:
         else: out.append(None)
     return out
 
-def _in_bin(t: float, lo: float | None, hi: float | None, tol: float) -> bool | None:
-    "A value against the range [lo, hi): True inside by more than `tol`, False outside by more than `tol`."
+def _in_bin(t: float, lo: float | None, hi: float | None, tol: float, span: tuple[float, float] | None = None) -> bool | None:
+    """A value against the range [lo, hi): True inside by more than `tol`, False outside by more than `tol`; with
+    `span`, for every value in it (False only when all of it lies on one side)."""
     lo_ = -math.inf if lo is None else lo
     hi_ = math.inf if hi is None else hi
-    if t >= lo_ + tol and t <= hi_ - tol: return True
-    if t <= lo_ - tol or t >= hi_ + tol: return False
+    a, b = (t, t) if span is None else span
+    if a >= lo_ + tol and b <= hi_ - tol: return True
+    if b <= lo_ - tol or a >= hi_ + tol: return False
     return None
 
 def _side_of(v: float, thr: float, tol: float) -> int | None:
@@ -174,6 +277,11 @@ def _side_of(v: float, thr: float, tol: float) -> int | None:
     if v - thr > tol and (thr <= 0 or v / thr >= THR_RATIO): return 1
     if thr - v > tol and (v <= 0 or thr / v >= THR_RATIO): return -1
     return None
+
+def _side_span(v: float, w: float, thr: float, tol: Callable[[float], float]) -> int | None:
+    "`_side_of` for every value within `w` of `v` (`tol` a function of the value): the side both ends give, else None."
+    a, b = _side_of(v - w, thr, tol(v - w)), _side_of(v + w, thr, tol(v + w))
+    return a if a == b else None
 
 # %% ../nbs/20_questions.ipynb #6b6c0026
 def fmt_number(v: float, unit: str | None = None) -> str:
@@ -385,107 +493,167 @@ def _both(*truths: list) -> list[bool | None]:
     "Per option: True when every criterion says True, False when every one says False, else None."
     return [True if all(t is True for t in ts) else False if all(t is False for t in ts) else None for ts in zip(*truths)]
 
-def _ev_dir_relative(spec, S, G):
+_DIR_OF = {v: k for k, v in DIRECTIONS.items()}
+
+def _dominant(d: np.ndarray, e: np.ndarray, g: Geometry) -> str | None:
+    """The direction of offset `d` (`measure.direction` with `DIR_RATIO` and the direction margin) that every
+    offset within `e` mm per axis of it shares, else None."""
+    mag = np.abs(d)
+    ax = int(np.argmax(mag))
+    lo, hi = mag[ax] - e[ax], np.delete(mag + e, ax).max()
+    if lo <= direction_margin(g) or not lo > DIR_RATIO * hi: return None
+    return _DIR_OF[(ax, 1 if d[ax] > 0 else -1)]
+
+def _pos_margin(spec, by: str, *names: str, robust: bool = True) -> np.ndarray:
+    "How far (mm per axis) a second reader may move the offset between the `by` points of `names` (0 unless robust)."
+    return sum((_mg(spec, by, n) for n in names), np.zeros(3)) if robust else np.zeros(3)
+
+def _ev_dir_relative(spec, S, G, robust=False):
     g, a, b = G[0], S[0][spec["a"]], S[0][spec["b"]]
     truths, derived = [], {}
     for by in POINTS:
         d = offset(a, b, by)
-        dom = direction(a, b, ratio=DIR_RATIO, min_mm=direction_margin(g), by=by)
+        e = _pos_margin(spec, by, spec["a"], spec["b"], robust=robust)
+        dom = _dominant(d, e, g)
         truth = []
         for o in spec["options"]:
             ax, sg = DIRECTIONS[o]
-            truth.append(True if o == dom else False if sg * d[ax] <= _level(g, ax) else None)
+            truth.append(True if o == dom else False if sg * d[ax] + e[ax] <= _level(g, ax) else None)
         truths.append(truth)
-        derived[by] = {"offset_mm": [float(v) for v in d], "direction": dom}
+        derived[by] = {"offset_mm": [float(v) for v in d], "direction": _dominant(d, np.zeros(3), g)}
     return _both(*truths), None, derived
 
-def _ev_dir_extreme(spec, S, G):
+def _ev_dir_extreme(spec, S, G, robust=False):
     ax, sg = DIRECTIONS[spec["direction"]]
     m = direction_margin(G[0])
     truths, derived = [], {}
     for by in POINTS:
         v = [sg * float(_point(S[0][n], by)[ax]) for n in spec["options"]]
-        truths.append(_argbest(v, lambda x, y: x - y >= m))
+        e = [float(_pos_margin(spec, by, n, robust=robust)[ax]) for n in spec["options"]]
+        truths.append(_argbest(list(zip(v, e)), lambda x, y: (x[0] - x[1]) - (y[0] + y[1]) >= m))
         derived[by] = dict(zip(spec["options"], v))
     return _both(*truths), None, {"position_mm": derived}
 
-def _ev_dir_relative_to(spec, S, G):
+def _ev_dir_relative_to(spec, S, G, robust=False):
     ax, sg = DIRECTIONS[spec["direction"]]
     g, ref = G[0], S[0][spec["ref"]]
     m = direction_margin(g)
     truths, derived = [], {}
     for by in POINTS:
         v = [sg * float(_point(S[0][n], by)[ax] - _point(ref, by)[ax]) for n in spec["options"]]
-        truths.append([True if x >= m else False if x <= _level(g, ax) else None for x in v])
+        e = [float(_pos_margin(spec, by, n, spec["ref"], robust=robust)[ax]) for n in spec["options"]]
+        truths.append([True if x - w >= m else False if x + w <= _level(g, ax) else None for x, w in zip(v, e)])
         derived[by] = dict(zip(spec["options"], v))
     return _both(*truths), None, {"offset_mm": derived}
 
 # %% ../nbs/20_questions.ipynb #bacb755e
-def _dist_tol(g): return lambda x: tol_distance(x, g)
+def _dist_tol(g, w: float = 0.0): return lambda x: tol_distance(x, g) + w
 
-def _ev_dist_value(spec, S, G):
+def _dist_margin(spec, a: str, b: str) -> float:
+    """How far a second reader may move the distance between the box centres of `a` and `b` (mm): the length of
+    their summed box-centre margins over the axes asked about."""
+    e = _mg(spec, "bbox_center", a) + _mg(spec, "bbox_center", b)
+    axes = spec.get("axes")
+    return float(np.linalg.norm(e if axes is None else e[list(axes)]))
+
+def _ev_dist_value(spec, S, G, robust=False):
     t = box_distance(S[0][spec["a"]], S[0][spec["b"]], spec.get("axes"))
-    tol = _dist_tol(G[0])
-    return [_num_truth(v, t, tol) for v in spec["options"]], t, {"distance_mm": t, "tolerance": tol(t)}
+    w = _dist_margin(spec, spec["a"], spec["b"])
+    tol = _dist_tol(G[0], w)                        # right within the tolerance widened by the margin
+    span = (t - w, t + w) if robust else None
+    return [_num_truth(v, t, tol, span, _dist_tol(G[0])) for v in spec["options"]], t, {"distance_mm": t, "tolerance": tol(t)}
 
-def _ev_dist_best(spec, S, G, farthest: bool):
+def _ev_dist_best(spec, S, G, farthest: bool, robust=False):
     ref, tol = S[0][spec["ref"]], _dist_tol(G[0])
     d = [box_distance(ref, S[0][n], spec.get("axes")) for n in spec["options"]]
-    beats = (lambda x, y: _num_distinct(x, y, tol)) if farthest else (lambda x, y: _num_distinct(y, x, tol))
-    return _argbest(d, beats), None, {"distance_mm": dict(zip(spec["options"], d))}
+    w = [_dist_margin(spec, spec["ref"], n) if robust else 0.0 for n in spec["options"]]
+    if farthest: beats = lambda x, y: _num_distinct(x[0] - x[1], y[0] + y[1], tol)
+    else: beats = lambda x, y: _num_distinct(y[0] - y[1], x[0] + x[1], tol)
+    return _argbest(list(zip(d, w)), beats), None, {"distance_mm": dict(zip(spec["options"], d))}
 
-def _ev_dist_within(spec, S, G):
+def _ev_dist_within(spec, S, G, robust=False):
     ref, tol, thr = S[0][spec["ref"]], _dist_tol(G[0]), spec["threshold"]
     d = [box_distance(ref, S[0][n], spec.get("axes")) for n in spec["options"]]
-    side = [_side_of(x, thr, tol(x)) for x in d]
+    w = [_dist_margin(spec, spec["ref"], n) if robust else 0.0 for n in spec["options"]]
+    side = [_side_span(x, e, thr, tol) for x, e in zip(d, w)]
     return [None if s is None else s < 0 for s in side], None, {"distance_mm": dict(zip(spec["options"], d))}
 
-def _ev_range(t, tol_t, bins):
-    return [_in_bin(t, lo, hi, tol_t) for lo, hi in bins]
+def _ev_range(t, tol_t, bins, span=None):
+    return [_in_bin(t, lo, hi, tol_t, span) for lo, hi in bins]
 
-def _ev_dist_range(spec, S, G):
+def _ev_dist_range(spec, S, G, robust=False):
     t = box_distance(S[0][spec["a"]], S[0][spec["b"]], spec.get("axes"))
-    tt = tol_distance(t, G[0])
-    return _ev_range(t, tt, spec["options"]), t, {"distance_mm": t, "tolerance": tt}
+    w = _dist_margin(spec, spec["a"], spec["b"])
+    tt = tol_distance(t + w, G[0]) if robust else tol_distance(t, G[0])
+    return _ev_range(t, tt, spec["options"], (t - w, t + w) if robust else None), t, \
+        {"distance_mm": t, "tolerance": tol_distance(t, G[0]) + w}
 
 # %% ../nbs/20_questions.ipynb #c5077e94
-def _ev_ext_value(spec, S, G):
+def _ev_ext_value(spec, S, G, robust=False):
     ax = spec["axis"]
     t = float(phys_extent(S[0][spec["a"]], G[0])[ax])
-    tol = lambda x: tol_extent(x, ax, G[0])
-    return [_num_truth(v, t, tol) for v in spec["options"]], t, {"extent_mm": t, "tolerance": tol(t)}
+    w = float(_mg(spec, "extent", spec["a"])[ax])
+    own = lambda x: tol_extent(x, ax, G[0])
+    tol = lambda x: own(x) + w
+    span = (t - w, t + w) if robust else None
+    return [_num_truth(v, t, tol, span, own) for v in spec["options"]], t, {"extent_mm": t, "tolerance": tol(t)}
 
-def _ev_ext_bbox(spec, S, G):
+def _ev_ext_bbox(spec, S, G, robust=False):
     e = [float(v) for v in phys_extent(S[0][spec["a"]], G[0])]
+    w = [float(v) for v in _mg(spec, "extent", spec["a"])]
     truth = []
     for o in spec["options"]:
-        per = [_num_truth(o[ax], e[ax], lambda x, ax=ax: tol_extent(x, ax, G[0])) for ax in range(3)]
+        per = [_num_truth(o[ax], e[ax], lambda x, ax=ax: tol_extent(x, ax, G[0]) + w[ax], (e[ax] - w[ax], e[ax] + w[ax]) if robust else None,
+                          lambda x, ax=ax: tol_extent(x, ax, G[0])) for ax in range(3)]
         truth.append(True if all(p is True for p in per) else False if any(p is False for p in per) else None)
     return truth, None, {"extent_mm": e}
 
-def _ev_ext_max(spec, S, G):
+def _ev_ext_max(spec, S, G, robust=False):
     ax = spec["axis"]
     tol = lambda x: tol_extent(x, ax, G[0])
     e = [float(phys_extent(S[0][n], G[0])[ax]) for n in spec["options"]]
-    return _argbest(e, lambda x, y: _num_distinct(x, y, tol)), None, {"extent_mm": dict(zip(spec["options"], e))}
+    w = [float(_mg(spec, "extent", n)[ax]) if robust else 0.0 for n in spec["options"]]
+    return _argbest(list(zip(e, w)), lambda x, y: _num_distinct(x[0] - x[1], y[0] + y[1], tol)), None, \
+        {"extent_mm": dict(zip(spec["options"], e))}
 
 # %% ../nbs/20_questions.ipynb #c8f3dbe8
-def _vol_tol(s: Structure):
-    rel = _vol_rel(s)
+def _vol_tol(s: Structure, m: float = 0.0):
+    "Tolerance of `s`'s volume as a function of the value, widened by a volume margin `m` (|ln V₂/V₁|)."
+    rel = _vol_rel(s) + math.expm1(m)
     return lambda x: abs(x) * rel
 
-def _ev_vol_value(spec, S, G):
+def _vol_states(spec, S, names, robust) -> list[dict]:
+    """The measurements a volume question is judged on: `S`'s first scan, or (robust) every combination of the
+    `names`' volumes at either end of their margins."""
+    ends = [(n, _mg(spec, "volume", n)) for n in dict.fromkeys(names)]
+    if not robust or not any(m for _, m in ends): return [S[0]]
+    return [{**S[0], **{n: _scaled(S[0][n], f) for (n, _), f in zip(ends, fs)}}
+            for fs in itertools.product(*[(math.exp(-m), math.exp(m)) for _, m in ends])]
+
+def _judged(fn, spec, S, G, names, robust):
+    "`fn`'s verdicts on every state of `_vol_states` (True or False where all agree), its value and numbers on `S`."
+    res = [fn(spec, [st, *S[1:]], G) for st in _vol_states(spec, S, names, robust)]
+    if len(res) == 1: return res[0]
+    return _both(*[r[0] for r in res]), *fn(spec, S, G)[1:]
+
+def _vol_value(spec, S, G):
     s = S[0][spec["a"]]
-    tol = _vol_tol(s)
-    return [_num_truth(v, s.volume_ml, tol) for v in spec["options"]], s.volume_ml, \
+    tol = _vol_tol(s, _mg(spec, "volume", spec["a"]))
+    return [_num_truth(v, s.volume_ml, tol, own=_vol_tol(s)) for v in spec["options"]], s.volume_ml, \
         {"volume_ml": s.volume_ml, "voxels": s.voxels, "tolerance": tol(s.volume_ml)}
 
-def _ev_vol_range(spec, S, G):
+def _vol_range_tol(s: Structure, m: float = 0.0) -> float:
+    "How far a range's edges keep from `s`'s volume: its tolerance, or with a margin `m` the larger one at either end plus the margin."
+    if not m: return tol_volume(s.volume_ml, s.voxels)
+    return max(tol_volume(x.volume_ml, x.voxels) for x in (_scaled(s, math.exp(m)), _scaled(s, math.exp(-m)))) + s.volume_ml * math.expm1(m)
+
+def _vol_range(spec, S, G):
     s = S[0][spec["a"]]
     tt = tol_volume(s.volume_ml, s.voxels)
-    return _ev_range(s.volume_ml, tt, spec["options"]), s.volume_ml, {"volume_ml": s.volume_ml, "tolerance": tt}
+    return _ev_range(s.volume_ml, tt, spec["options"]), s.volume_ml, \
+        {"volume_ml": s.volume_ml, "tolerance": tt + s.volume_ml * math.expm1(_mg(spec, "volume", spec["a"]))}
 
-def _ev_vol_threshold(spec, S, G):
+def _vol_threshold(spec, S, G):
     thr, sense = spec["threshold"], spec["sense"]
     out, vols = [], {}
     for n in spec["options"]:
@@ -495,63 +663,81 @@ def _ev_vol_threshold(spec, S, G):
         out.append(None if side is None else side == sense)
     return out, None, {"volume_ml": vols}
 
-def _ev_vol_sum(spec, S, G):
+def _vol_sum(spec, S, G):
     a, b = S[0][spec["a"]], S[0][spec["b"]]
     t = a.volume_ml + b.volume_ml
     rel = (tol_volume(a.volume_ml, a.voxels) + tol_volume(b.volume_ml, b.voxels)) / t
-    tol = lambda x: abs(x) * rel
-    return [_num_truth(v, t, tol) for v in spec["options"]], t, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": tol(t)}
+    wide = rel + math.expm1(max(_mg(spec, "volume", spec["a"]), _mg(spec, "volume", spec["b"])))
+    tol, own = (lambda x: abs(x) * wide), (lambda x: abs(x) * rel)
+    return [_num_truth(v, t, tol, own=own) for v in spec["options"]], t, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": tol(t)}
 
-def _ev_vol_difference(spec, S, G):
+def _vol_difference(spec, S, G):
     a, b = S[0][spec["a"]], S[0][spec["b"]]
     t = a.volume_ml - b.volume_ml
     floor = tol_volume(a.volume_ml, a.voxels) + tol_volume(b.volume_ml, b.voxels)
-    tol = lambda x: max(floor, REL_TOL * abs(x))
-    return [_num_truth(v, t, tol) for v in spec["options"]], t, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": tol(t)}
+    w = a.volume_ml * math.expm1(_mg(spec, "volume", spec["a"])) + b.volume_ml * math.expm1(_mg(spec, "volume", spec["b"]))
+    own = lambda x: max(floor, REL_TOL * abs(x))
+    tol = lambda x: own(x) + w
+    return [_num_truth(v, t, tol, own=own) for v in spec["options"]], t, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": tol(t)}
 
-def _ev_comp_than(spec, S, G):
-    ref = S[0][spec["ref"]]
+def _ev_vol_value(spec, S, G, robust=False): return _judged(_vol_value, spec, S, G, [spec["a"]], robust)
+def _ev_vol_range(spec, S, G, robust=False): return _judged(_vol_range, spec, S, G, [spec["a"]], robust)
+def _ev_vol_threshold(spec, S, G, robust=False): return _judged(_vol_threshold, spec, S, G, spec["options"], robust)
+def _ev_vol_sum(spec, S, G, robust=False): return _judged(_vol_sum, spec, S, G, [spec["a"], spec["b"]], robust)
+def _ev_vol_difference(spec, S, G, robust=False): return _judged(_vol_difference, spec, S, G, [spec["a"], spec["b"]], robust)
+
+def _vm(spec, robust):
+    "Each structure's volume margin when judging robustly, else 0."
+    return (lambda n: _mg(spec, "volume", n)) if robust else (lambda n: 0.0)
+
+def _ev_comp_than(spec, S, G, robust=False):
+    ref, m = spec["ref"], _vm(spec, robust)
     out = []
     for n in spec["options"]:
-        x, y = (S[0][n], ref) if spec["sense"] > 0 else (ref, S[0][n])
-        out.append(True if vol_larger(x, y) else False if vol_larger(y, x) else None)
+        x, y = (n, ref) if spec["sense"] > 0 else (ref, n)
+        out.append(True if vol_larger(S[0][x], S[0][y], m(x), m(y)) else False if vol_larger(S[0][y], S[0][x], m(y), m(x)) else None)
     return out, None, {"volume_ml": {n: S[0][n].volume_ml for n in [spec["ref"], *spec["options"]]}}
 
-def _ev_comp_extreme(spec, S, G):
-    ss = [S[0][n] for n in spec["options"]]
-    beats = vol_larger if spec["sense"] > 0 else (lambda x, y: vol_larger(y, x))
-    return _argbest(ss, beats), None, {"volume_ml": {s.name: s.volume_ml for s in ss}}
+def _ev_comp_extreme(spec, S, G, robust=False):
+    m = _vm(spec, robust)
+    items = [(S[0][n], m(n)) for n in spec["options"]]
+    larger = lambda x, y: vol_larger(x[0], y[0], x[1], y[1])
+    beats = larger if spec["sense"] > 0 else (lambda x, y: larger(y, x))
+    return _argbest(items, beats), None, {"volume_ml": {s.name: s.volume_ml for s, _ in items}}
 
-def _ev_comp_rank(spec, S, G):
+def _ev_comp_rank(spec, S, G, robust=False):
+    m = _vm(spec, robust)
     out = []
     for order in spec["options"]:
-        ss = [S[0][n] for n in order]
-        if spec["sense"] < 0: ss = ss[::-1]          # claimed smallest -> largest: check it reversed
-        pairs = list(zip(ss[:-1], ss[1:]))
-        out.append(True if all(vol_larger(x, y) for x, y in pairs) else
-                   False if any(vol_larger(y, x) for x, y in pairs) else None)
+        ns = list(order) if spec["sense"] > 0 else list(order)[::-1]   # claimed smallest -> largest: check it reversed
+        pairs = list(zip(ns[:-1], ns[1:]))
+        larger = lambda x, y: vol_larger(S[0][x], S[0][y], m(x), m(y))
+        out.append(True if all(larger(x, y) for x, y in pairs) else False if any(larger(y, x) for x, y in pairs) else None)
     names = sorted({n for o in spec["options"] for n in o})
     return out, None, {"volume_ml": {n: S[0][n].volume_ml for n in names}}
 
-def _ev_volest_absolute(spec, S, G):
+def _ev_volest_absolute(spec, S, G, robust=False):
     s = S[0][spec["a"]]
-    return None, s.volume_ml, {"volume_ml": s.volume_ml, "voxels": s.voxels, "tolerance": tol_volume(s.volume_ml, s.voxels)}
+    tol = tol_volume(s.volume_ml, s.voxels) + s.volume_ml * math.expm1(_mg(spec, "volume", spec["a"]))
+    return None, s.volume_ml, {"volume_ml": s.volume_ml, "voxels": s.voxels, "tolerance": tol}
 
-def _ev_volest_ratio(spec, S, G):
+def _ev_volest_ratio(spec, S, G, robust=False):
     a, b = S[0][spec["a"]], S[0][spec["b"]]
     r = a.volume_ml / b.volume_ml
-    return None, r, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": r * (_vol_rel(a) + _vol_rel(b))}
+    wide = math.expm1(_mg(spec, "volume", spec["a"]) + _mg(spec, "volume", spec["b"]))
+    return None, r, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": r * (_vol_rel(a) + _vol_rel(b) + wide)}
 
-def _ev_volest_cross(spec, S, G):
+def _ev_volest_cross(spec, S, G, robust=False):
     a, b = S[0][spec["a"]], S[1][spec["a"]]
     r = a.volume_ml / b.volume_ml
-    return None, r, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": r * (_vol_rel(a) + _vol_rel(b))}
+    wide = math.expm1(2 * _mg(spec, "volume", spec["a"]))
+    return None, r, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": r * (_vol_rel(a) + _vol_rel(b) + wide)}
 
 # %% ../nbs/20_questions.ipynb #c7f70b9b
 EVALUATORS: dict[str, Callable] = {
     "DIR.relative": _ev_dir_relative, "DIR.extreme": _ev_dir_extreme, "DIR.relative_to": _ev_dir_relative_to,
-    "DIST.value": _ev_dist_value, "DIST.closest": lambda s, S, G: _ev_dist_best(s, S, G, False),
-    "DIST.farthest": lambda s, S, G: _ev_dist_best(s, S, G, True), "DIST.within": _ev_dist_within,
+    "DIST.value": _ev_dist_value, "DIST.closest": lambda s, S, G, robust=False: _ev_dist_best(s, S, G, False, robust),
+    "DIST.farthest": lambda s, S, G, robust=False: _ev_dist_best(s, S, G, True, robust), "DIST.within": _ev_dist_within,
     "DIST.range": _ev_dist_range, "EXT.value": _ev_ext_value, "EXT.bbox": _ev_ext_bbox, "EXT.max_extent": _ev_ext_max,
     "VOL.value": _ev_vol_value, "VOL.range": _ev_vol_range, "VOL.threshold": _ev_vol_threshold, "VOL.sum": _ev_vol_sum,
     "VOL.difference": _ev_vol_difference, "COMP.than": _ev_comp_than, "COMP.extreme": _ev_comp_extreme,
@@ -559,12 +745,14 @@ EVALUATORS: dict[str, Callable] = {
     "VOLEST.cross_case": _ev_volest_cross,
 }
 
-def evaluate(record: dict, structures: Sequence[Mapping[str, Structure]]) -> dict:
+def evaluate(record: dict, structures: Sequence[Mapping[str, Structure]], robust: bool = False) -> dict:
     """Answer a question from measurements: `structures` holds, per scan of `record['scan_ids']`, its measured
     structures by name. Returns `truth` (per option: True correct, False defensibly wrong, None ambiguous),
-    `answer_letter` (the one True option, None unless exactly one), `answer_value` and the `derived` numbers."""
+    `answer_letter` (the one True option, None unless exactly one), `answer_value` and the `derived` numbers.
+    `robust`: a verdict must hold for every measurement within the inter-reader margins the spec carries (what
+    generation requires; without margins it changes nothing)."""
     spec = record["spec"]
-    truth, value, derived = EVALUATORS[record["subtask"]](spec, list(structures), _geoms(spec))
+    truth, value, derived = EVALUATORS[record["subtask"]](spec, list(structures), _geoms(spec), robust)
     letter = None
     if truth is not None and sum(t is True for t in truth) == 1: letter = LETTERS[truth.index(True)]
     return {"truth": truth, "answer_letter": letter, "answer_value": None if value is None else float(value), "derived": derived}
@@ -591,6 +779,7 @@ class ScanContext:
     excluded: dict[str, str] = field(default_factory=dict)
     group: str = ""        # scans are compared across cases only within a group (same source)
     cut: dict[str, frozenset] = field(default_factory=dict)   # world axes along which the scan's faces cut a structure
+    margins: Margins = NO_MARGINS   # inter-reader margins every question about the scan must respect
 
     def s(self, name: str) -> Structure: return self.structs[name]
 
@@ -624,7 +813,7 @@ class ScanContext:
         return {"key": n, "text": _cap(self.name(n, article=False))}
 
 def scan_context(scan_id: str, table: pd.DataFrame, geom: Geometry | None = None, min_voxels: int = MIN_VOXELS,
-                 group: str = "") -> ScanContext:
+                 group: str = "", margins: Margins = NO_MARGINS) -> ScanContext:
     """The `ScanContext` of one scan from its rows of the structures table. Structures with fewer than
     `min_voxels` voxels are not asked about; those the scan's faces cut (`Geometry.cut_axes`, when `geom` knows the
     scan's box) are asked about only in ways that the unseen part cannot change (`TRUNCATION`)."""
@@ -638,7 +827,7 @@ def scan_context(scan_id: str, table: pd.DataFrame, geom: Geometry | None = None
     cut = {n: ax for n, s in structs.items() if (ax := geom.cut_axes(s))}
     hosts = {n: h for n, s in structs.items() if n in TUMOURS and (h := host_of(s, structs))}
     pool = sorted(n for n in structs if n not in excluded)
-    return ScanContext(scan_id, structs, pool, geom, hosts, excluded, group, cut)
+    return ScanContext(scan_id, structs, pool, geom, hosts, excluded, group, cut, margins)
 
 # %% ../nbs/20_questions.ipynb #b2fc48ed
 def _pick_set(c: ScanContext, rng, focus: str | None, best_ok: Callable[[str], bool],
@@ -666,10 +855,12 @@ def _pick_set(c: ScanContext, rng, focus: str | None, best_ok: Callable[[str], b
 
 # %% ../nbs/20_questions.ipynb #39ae8f4d
 def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, pool: Sequence[float] = (),
-            bounds: tuple[float, float] | None = None) -> list[float] | None:
+            bounds: tuple[float, float] | None = None, clear: Callable[[float], bool] | None = None) -> list[float] | None:
     """Four shown values in ascending order with the (shown) true value `t` at index `k`. The others are values
-    of other structures (`pool`) when one fits, else scaled true values; every two are clearly distinct, and every
-    one lies within `bounds` (the plausible range of the quantity asked about; None: unbounded)."""
+    of other structures (`pool`) when one fits, else scaled true values; every two are clearly distinct, every one
+    lies within `bounds` (the plausible range of the quantity asked about; None: unbounded) and, with `clear`, is
+    wrong for every measurement within the inter-reader margins (`_clear`)."""
+    far = (lambda x: True) if clear is None else clear
     if bounds is not None:
         lo_b, hi_b = min(bounds[0], t), max(bounds[1], t)
         pool = [p for p in pool if lo_b <= p <= hi_b]
@@ -678,7 +869,7 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, poo
     vals, prev = [c], c
     for _ in range(k):                                           # below the true value
         hi = prev / (MIN_RATIO * 1.02)
-        while hi > 1e-3 * c and not _num_distinct(prev, hi, tol): hi /= 1.05
+        while hi > 1e-3 * c and not (_num_distinct(prev, hi, tol) and far(hi)): hi /= 1.05
         if hi <= 1e-3 * c: return None
         cands = [p for p in pool if hi / 1.5 <= p <= hi]
         x = float(rng.choice(cands)) if cands and rng.random() < 0.5 else hi / rng.uniform(1.0, 1.3)
@@ -689,22 +880,32 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, poo
     prev = c
     for _ in range(3 - k):                                       # above it
         lo = prev * MIN_RATIO * 1.02
-        while not _num_distinct(lo, prev, tol): lo *= 1.05
+        while not (_num_distinct(lo, prev, tol) and far(lo)): lo *= 1.05
         cands = [p for p in pool if lo <= p <= lo * 1.5]
         x = shown(float(rng.choice(cands)) if cands and rng.random() < 0.5 else lo * rng.uniform(1.0, 1.3), unit)
         vals.append(x)
         prev = x
     if any(not _num_distinct(y, x, tol) for x, y in itertools.combinations(vals, 2)): return None
     if bounds is not None and not all(lo_b <= v <= hi_b for v in vals): return None
+    if clear is not None and not all(far(v) for i, v in enumerate(vals) if i != k): return None
     return vals
 
-def _numeric_variants(t, tol, unit, rng, pool=(), bounds=None) -> list[list[dict] | None]:
+def _numeric_variants(t, tol, unit, rng, pool=(), bounds=None, clear=None) -> list[list[dict] | None]:
     "For each correct position 0-3, the four numeric options (ascending) within `bounds`, or None where no ladder fits."
     out = []
     for k in range(4):
-        v = _ladder(t, k, tol, unit, rng, pool, bounds)
+        v = _ladder(t, k, tol, unit, rng, pool, bounds, clear)
         out.append(None if v is None else [{"key": x, "text": fmt_number(x, unit)} for x in v])
     return out
+
+def _clear(c: ScanContext, sub: str, spec: dict) -> Callable[[object], bool] | None:
+    """Without margins None; else whether an option (a number, a box) of a question `sub` with `spec` about scan `c`
+    is wrong for every measurement within the margins of its structures (`evaluate(..., robust=True)`)."""
+    if not c.margins: return None
+    names = [spec[r] for r in ("a", "b", "ref") if r in spec]
+    spec = {**spec, "spacing_mm": [list(c.geom.spacing)], "voxel_box_mm": [list(c.geom.voxel_box)],
+            "margins": c.margins.for_spec(names, sub.split(".")[0])}
+    return lambda v: evaluate({"subtask": sub, "spec": {**spec, "options": [v]}}, [c.structs], robust=True)["truth"][0] is False
 
 def _edge(v: float, unit: str) -> str:
     return f"{v:g} {unit}"
@@ -918,8 +1119,9 @@ def _g_dist_value(c, rng, focus, others=()):
     if len(axes) < 2: return None
     t = box_distance(c.s(a), c.s(b), axes)
     pool = [box_distance(c.s(x), c.s(y), axes) for x in (a, b) for y in c.pool if y not in (a, b)]
-    return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, **_dist_spec(axes)}, "mm",
-                 variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, pool, (0.0, 600.0)))
+    spec = {"a": a, "b": b, **_dist_spec(axes)}
+    return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm",
+                 variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, pool, (0.0, 600.0), _clear(c, "DIST.value", spec)))
 
 def _g_dist_best(c, rng, focus, farthest: bool):
     if (got := _reference(c, rng, focus)) is None: return None
@@ -966,8 +1168,9 @@ def _g_dist_range(c, rng, focus, others=()):
     axes = _free_axes(c.cut_of(ab))
     if len(axes) < 2: return None
     t = box_distance(c.s(a), c.s(b), axes)
+    w = _dist_margin({**_dist_spec(axes), "margins": c.margins.for_spec([a, b], "DIST")}, a, b)
     return _item(c, "DIST.range", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, **_dist_spec(axes)}, "mm",
-                 variants=_range_variants(t, tol_distance(t, c.geom), "mm", rng))
+                 variants=_range_variants(t, tol_distance(t + w, c.geom) + w, "mm", rng))
 
 # %% ../nbs/20_questions.ipynb #e397d22e
 def _one(c, rng, focus):
@@ -984,7 +1187,8 @@ def _g_ext_value(c, rng, focus, others=()):
     t = float(E(a)[ax])
     pool = [float(E(n)[ax]) for n in c.pool if n != a] + [float(v) for i, v in enumerate(E(a)) if i != ax]
     return _item(c, "EXT.value", [a], {"a": c.name(a), "axis": _AXIS_WORD[ax], "dim": _AXIS_DIM[ax]}, {"a": a, "axis": ax},
-                 "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, pool, plausible_length(a)))
+                 "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, pool, plausible_length(a),
+                                                  _clear(c, "EXT.value", {"a": a, "axis": ax})))
 
 def _triple_distinct(x, y, g) -> bool:
     "Two boxes (lr, ap, si mm) differ clearly along at least one axis."
@@ -1003,9 +1207,9 @@ def _g_ext_bbox(c, rng, focus, others=()):
     hi = max(max(e), (plausible_length(a) or (0, max(e)))[1])
     aspect = max(3.0, max(e) / max(min(e), 1e-6))
     plausible = lambda x: max(x) <= hi and max(x) / max(min(x), 1e-6) <= aspect
-    chosen = [e]
+    chosen, far = [e], _clear(c, "EXT.bbox", {"a": a}) or (lambda x: True)
     for x in cands:
-        if min(x) > 0 and plausible(x) and all(_triple_distinct(x, y, c.geom) for y in chosen): chosen.append(x)
+        if min(x) > 0 and plausible(x) and all(_triple_distinct(x, y, c.geom) for y in chosen) and far(x): chosen.append(x)
         if len(chosen) == 4: break
     if len(chosen) < 4: return None
     txt = lambda x: " × ".join(fmt_number(v, "mm").split()[0] for v in x) + " mm"
@@ -1029,14 +1233,15 @@ def _g_vol_value(c, rng, focus, others=()):
     s = c.s(a)
     pool = [c.s(n).volume_ml for n in c.pool if n != a]
     return _item(c, "VOL.value", [a], {"a": c.name(a)}, {"a": a}, "mL",
-                 variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, pool, plausible_volume(a, bool(c.cut_of([a])))))
+                 variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, pool, plausible_volume(a, bool(c.cut_of([a]))),
+                                            _clear(c, "VOL.value", {"a": a})))
 
 def _g_vol_range(c, rng, focus, others=()):
     a = _one(c, rng, focus)
     if not a: return None
     s = c.s(a)
     return _item(c, "VOL.range", [a], {"a": c.name(a)}, {"a": a}, "mL",
-                 variants=_range_variants(s.volume_ml, tol_volume(s.volume_ml, s.voxels), "mL", rng))
+                 variants=_range_variants(s.volume_ml, _vol_range_tol(s, c.margins.of("volume", a)), "mL", rng))
 
 def _g_vol_threshold(c, rng, focus, others=()):
     sense = 1 if rng.random() < 0.5 else -1
@@ -1065,7 +1270,7 @@ def _g_vol_sum(c, rng, focus, others=()):
     ra, rb = plausible_volume(a, bool(c.cut_of([a]))), plausible_volume(b, bool(c.cut_of([b])))
     bounds = None if ra is None or rb is None else (ra[0] + rb[0], ra[1] + rb[1])
     return _item(c, "VOL.sum", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "mL",
-                 variants=_numeric_variants(t, lambda x: abs(x) * rel, "mL", rng, (), bounds))
+                 variants=_numeric_variants(t, lambda x: abs(x) * rel, "mL", rng, (), bounds, _clear(c, "VOL.sum", {"a": a, "b": b})))
 
 def _g_vol_difference(c, rng, focus, others=()):
     ab = _related_pair(c, rng, focus)
@@ -1077,7 +1282,8 @@ def _g_vol_difference(c, rng, focus, others=()):
     floor = tol_volume(A.volume_ml, A.voxels) + tol_volume(B.volume_ml, B.voxels)
     ra = plausible_volume(a, bool(c.cut_of([a])))
     return _item(c, "VOL.difference", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "mL",
-                 variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng, (), None if ra is None else (0.0, ra[1])))
+                 variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng, (), None if ra is None else (0.0, ra[1]),
+                                            _clear(c, "VOL.difference", {"a": a, "b": b})))
 
 # %% ../nbs/20_questions.ipynb #b88f3a52
 def _g_comp_than(c, rng, focus, others=()):
@@ -1133,7 +1339,8 @@ def _g_volest_ratio(c, rng, focus, others=()):
     if not ab: return None
     a, b = ab
     r = c.s(a).volume_ml / c.s(b).volume_ml
-    if not (MIN_VOLEST_RATIO <= r <= 50 or 1 / 50 <= r <= 1 / MIN_VOLEST_RATIO): return None
+    lo = MIN_VOLEST_RATIO * math.exp(c.margins.of("volume", a) + c.margins.of("volume", b))   # for any volumes within the margins
+    if not (lo <= r <= 50 or 1 / 50 <= r <= 1 / lo): return None
     return _item(c, "VOLEST.ratio", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "ratio")
 
 def _g_volest_cross(c, rng, focus, others=()):
@@ -1141,7 +1348,7 @@ def _g_volest_cross(c, rng, focus, others=()):
     if not partners: return None
     o = partners[int(rng.integers(len(partners)))]
     whole = lambda n: n not in c.cut and n not in o.cut
-    far = lambda n: abs(math.log(c.s(n).volume_ml / o.s(n).volume_ml)) >= math.log(MIN_VOLEST_RATIO)
+    far = lambda n: abs(math.log(c.s(n).volume_ml / o.s(n).volume_ml)) >= math.log(MIN_VOLEST_RATIO) + 2 * c.margins.of("volume", n)
     common = [n for n in c.pool if n in o.pool and not is_tumour(n)] if not focus else ([focus] if focus in o.pool else [])
     got = c.pick(rng, [n for n in common if whole(n) and far(n)])
     if not got: return None
@@ -1181,7 +1388,7 @@ def _qid(item: dict) -> str:
 def _check(item: dict, options: list[dict], correct: int, structs) -> dict | None:
     "Evaluate candidate `options` with the correct one at `correct`; the evaluation if it is unambiguous, else None."
     rec = {"subtask": item["subtask"], "spec": {**item["spec"], "options": [o["key"] for o in options]}}
-    ev = evaluate(rec, structs)
+    ev = evaluate(rec, structs, robust=True)          # with margins: for every measurement within them
     want = [i == correct for i in range(len(options))]
     return ev if ev["truth"] == want else None
 
@@ -1193,6 +1400,7 @@ def _finish(item: dict, contexts: Mapping[str, ScanContext], rng) -> dict | None
     c = contexts[item["scan_ids"][0]]
     names = [*item["structures"], *(o["key"] for o in item["options"])] if item.get("option_structures") else item["structures"]
     names = [*names, *(item["spec"][r] for r in ("a", "b", "ref") if r in item["spec"])]
+    if (mg := c.margins.for_spec(names, sub.split(".")[0])) is not None: item["spec"] = {**item["spec"], "margins": mg}
     q = TEMPLATES[sub][k].format(**item["fields"])
     axes = item["spec"].get("axes")
     if axes is not None: q = q[:-1] + ", " + plane_phrase(axes) + q[-1]
@@ -1389,15 +1597,17 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
     }
 
 def contexts_from_tables(structures: pd.DataFrame, scans: pd.DataFrame | None = None,
-                         min_voxels: int = MIN_VOXELS) -> dict[str, ScanContext]:
-    "One `ScanContext` per scan of the structures table; `scans` (the measure stage's scans table) adds voxel sizes and borders."
+                         min_voxels: int = MIN_VOXELS, margins: Margins | Mapping | None = None) -> dict[str, ScanContext]:
+    """One `ScanContext` per scan of the structures table; `scans` (the measure stage's scans table) adds voxel sizes
+    and borders; `margins` (a `Margins` or its mapping) the inter-reader margins its questions respect."""
+    margins = margins if isinstance(margins, Margins) else Margins.from_dict(margins)
     geoms, groups = {}, {}
     if scans is not None and len(scans):
         for _, r in scans.iterrows():
             geoms[str(r["scan_id"])] = geometry_from_affine(r["affine"], r.get("shape"))
             src = r.get("source")
             groups[str(r["scan_id"])] = "" if src is None or (isinstance(src, float) and math.isnan(src)) else str(src)
-    return {str(sid): scan_context(str(sid), t, geoms.get(str(sid)), min_voxels, groups.get(str(sid), ""))
+    return {str(sid): scan_context(str(sid), t, geoms.get(str(sid)), min_voxels, groups.get(str(sid), ""), margins)
             for sid, t in structures.groupby("scan_id", sort=True)}
 
 def _path(p) -> str | None:
@@ -1432,7 +1642,7 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                        per_source: Mapping[str, Mapping[str, int]] | str | None = None,
                        focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5,
                        accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5,
-                       policy: AskPolicy | None = AskPolicy()) -> list[dict]:
+                       policy: AskPolicy | None = AskPolicy(), margins: Margins | Mapping | None = None) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
@@ -1442,15 +1652,16 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     scan's questions involve instead (None: the tumours, as before); `accept`: per scan id, a predicate that an
     `accept_share` of that scan's questions must pass where a candidate does (`_scan_items`; the counterfactual pairs:
     `spatialvqa.counterfactual.flip_predicate`). `policy`: what a question may ask about (`AskPolicy`, the table of
-    "What a radiologist would ask"; None: every structure with enough voxels). Returns records sorted by scan, task and
-    qid (fields: `RECORD_FIELDS`)."""
+    "What a radiologist would ask"; None: every structure with enough voxels). `margins`: inter-reader margins
+    (`Margins`, or params.yaml's `generate.margins` mapping; None: none) that every key and distractor must respect,
+    carried in each spec. Returns records sorted by scan, task and qid (fields: `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]
     if bad: raise ValueError(f"unknown task(s) {bad}; expected some of {TASKS}")
     missing = [c for c in ("scan_id", "label", "name", "voxels", "volume_ml", "centroid_x", "bbox_xmin", "bbox_zmax")
                if c not in structures.columns]
     if missing: raise ValueError(f"structures table lacks column(s) {missing}")
-    contexts = contexts_from_tables(structures, scans, min_voxels)
+    contexts = contexts_from_tables(structures, scans, min_voxels, margins)
     if policy is not None: contexts = {sid: policy.apply(c) for sid, c in contexts.items()}
     paths = {}
     if scans is not None:

@@ -411,7 +411,14 @@ def test_generate_stage_pairs(tmp_path, written):
     tab, sc, _ = measure_manifests([d / "orig" / "scans.json", d / "cf" / "scans.json"], workers=0)
     tab.to_parquet(tmp_path / "structures.parquet"); sc.to_parquet(tmp_path / "scans.parquet")
     out = {k: tmp_path / k for k in ("bench", "results", "figures")}
+    # without generate.margins: both copies resize an adrenal gland by 1.25 (a 'gland', whose inter-reader margin is a
+    # factor 1.8 in volume), and no question robust to a second reader's contours flips under that (0 of ~30 resize
+    # twins, also at 1.5); this test is about the pairing, tests/test_interreader.py about the margins
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["generate"].pop("margins", None)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     args = ["-p", "structures", str(tmp_path / "structures.parquet"), "-p", "scans", str(tmp_path / "scans.parquet"),
+            "-p", "params_file", str(tmp_path / "params.yaml"),
             "-p", "per_scan", "DIR:8,DIST:8,EXT:6,VOL:6,COMP:6,VOLEST:3", "-p", "per_source", "",
             "-p", "out", str(out["bench"]), "-p", "results", str(out["results"]), "-p", "figures", str(out["figures"])]
     r = subprocess.run([sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(root), "--log-level",

@@ -1,0 +1,63 @@
+"""Keys that hold under a second expert's contours (issue 21, item 4): on scans of Nikolov et al. 2018's two-reader set
+(read from ../shared/data), today's rules give keys that flip between the radiographer's and the oncologist's masks,
+and the margins of params.yaml (generate.margins) give none; those margins are the ones the interreader stage measured;
+and questions generated with them still re-derive from their label maps."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spatialvqa import questions as Q
+from spatialvqa.core import load_params, read_json, shared_data
+from spatialvqa.interreader import READERS, flip_study, flip_summary, measure_two_readers
+from spatialvqa.measure import measure_manifests
+from spatialvqa.phantom import make_cohort
+from spatialvqa.scan import read_scan
+
+ROOT = Path(__file__).resolve().parents[1]
+MARGINS = Q.Margins.from_dict(load_params("generate", ROOT / "params.yaml")["margins"])
+# the scans whose differences set the largest margins, and some with specks and glands only one reader contoured
+SCANS = ["0522c0331", "0522c0727a", "0522c0845", "0522c0419", "0522c0161", "0522c0629", "0522c0773", "TCGA-CV-7245"]
+
+
+@pytest.fixture(scope="module")
+def two_readers():
+    return measure_two_readers(shared_data("real-labels", "tcia-hn-two-readers", "nrrds"), SCANS, workers=2)
+
+
+def test_today_flips_margins_do_not(two_readers):
+    st, sc = two_readers
+    before = flip_summary(flip_study(st, sc, None)).set_index("task")
+    after = flip_summary(flip_study(st, sc, MARGINS)).set_index("task")
+    assert before.loc["all", "flipped"] >= 20, before          # today's rules: keys a second reader's masks change
+    assert (after.flipped == 0).all(), after                   # the margins: none, in any task, either way round
+    assert (after.questions == before.questions).all()         # and as many questions asked
+    assert set(after.index) == {*Q.TASKS, "all"}
+
+
+def test_params_margins_are_the_measured_ones():
+    "generate.margins are what the interreader stage derived (results/interreader/margins.json), not more, not less."
+    measured = Q.Margins.from_dict({k: v for k, v in read_json(ROOT / "results" / "interreader" / "margins.json").items()})
+    for q in Q.MARGIN_QUANTITIES:
+        assert set(getattr(MARGINS, q)) == set(Q.STRUCTURE_CLASSES), q
+        for cls in Q.STRUCTURE_CLASSES:
+            assert np.allclose(getattr(MARGINS, q)[cls], getattr(measured, q)[cls]), (q, cls)
+    assert "interreader" in MARGINS.provenance
+    s = read_json(ROOT / "results" / "interreader" / "summary.json")
+    assert s["flipped_after"] == 0 < s["flipped_before"] and s["questions_after"] == s["questions_before"]
+
+
+def test_margins_questions_rederive_from_label_maps(tmp_path):
+    "With the margins every record carries its structures' margins and re-derives from its label maps, twins' scans too."
+    p = load_params("phantom", ROOT / "params.yaml")
+    make_cohort(tmp_path, 3, seed=int(p["seed"]), tumour_rate=float(p["tumour_rate"]), workers=2)
+    table, scans, _ = measure_manifests([tmp_path / "cohort.json"], workers=2)
+    recs = Q.generate_questions(table, seed=0, scans=scans, margins=load_params("generate", ROOT / "params.yaml")["margins"])
+    assert {r["task"] for r in recs} == set(Q.TASKS)
+    assert all(set(r["spec"]["margins"]) == set(Q.TASK_QUANTITIES[r["task"]]) for r in recs)
+    volumes = {s.scan_id: (lambda v: (v.array, v.affine))(read_scan(s.labels, None, s.scan_id).labels) for s in scans.itertuples()}
+    assert [p for r in recs for p in Q.check_record(r, volumes)] == []
+    structs = {sid: Q.structures_of(*v) for sid, v in volumes.items()}
+    mc = [r for r in recs if r["format"] == "mc"]
+    robust = [Q.evaluate(r, [structs[s] for s in r["scan_ids"]], robust=True)["answer_letter"] for r in mc]
+    assert robust == [r["answer_letter"] for r in mc]       # every key holds for every measurement within the margins
