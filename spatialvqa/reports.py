@@ -202,6 +202,9 @@ def read_ctsvqa_judgments(path: str | os.PathLike, model: str | None = None, jud
     out = []
     for row, r in enumerate(data):
         if not isinstance(r, dict): raise ValueError(f"{path}: row {row} is not an object")
+        for f in ("question", "answer"):
+            if r.get(f) is not None and not isinstance(r[f], str):
+                raise ValueError(f"{path}: row {row}: the field {f!r} is {type(r[f]).__name__} {r[f]!r}, not text")
         pred = r.get("prediction")
         out.append(dict(model=model, judge=judge, row=row, question=(r.get("question") or "").strip(),
                         answer=(r.get("answer") or "").strip(), prediction="" if pred is None else str(pred),

@@ -109,10 +109,10 @@ def test_infer_keeps_other_configs_predictions(tmp_path, capsys):
     rows = read_jsonl(out)
     assert len(rows) == 18 and len({r["config_hash"] for r in rows}) == 3 and len({r["key"] for r in rows}) == 18
     assert all(r in rows for r in first)                                      # the first run's rows, untouched
-    # the scorer reads the configuration written last
-    from spatialvqa.results import read_predictions
-    got = read_predictions(tmp_path, ["p"])["p"]
-    assert len(got) == 6 and {r["prompt_style"] for r in got} == {"radiologist"}
+    # the scorer never picks one of them silently (issue 23): it refuses the file, naming the runs; split_runs scores each
+    from spatialvqa.results import read_predictions, split_runs
+    with pytest.raises(ValueError, match="p.jsonl: holds 3 runs"): read_predictions(tmp_path, ["p"])
+    assert sorted(len(v) for v in split_runs(rows).values()) == [6, 6, 6]
 
 
 def test_infer_refuses_unrelated_jsonl_unless_overwrite(tmp_path, capsys):
@@ -193,14 +193,19 @@ def test_echoing_server_key_never_reaches_predictions(tmp_path, capsys, monkeypa
     monkeypatch.setenv("HARDENING_API_KEY", KEY)
     b, out = _bench(tmp_path / "b.jsonl", 3), tmp_path / "p.jsonl"
     with EchoServer(mode) as srv:
-        rc, err = run(capsys, "infer", "--model", "echo", "--adapter", "openai", "--benchmark", b, "--out", out, "--max-retries", "0",
+        rc, err = run(capsys, "infer", "--model", "echo", "--adapter", "openai", "--representation", "none", "--benchmark", b,
+                      "--out", out, "--max-retries", "0",
                       "--config", f"model=m", f"base_url={srv.url}", "api_key_env=HARDENING_API_KEY", "max_attempts=1", "workers=1")
+    assert KEY not in err and KEY[:12] not in err
+    if mode != "completion":                      # every answer an error: status 2 quoting the first, masked; no file (issue 23)
+        assert rc == 2 and "all 3 answers of echo are errors" in err and "Bearer ***" in err, err
+        assert not out.exists()
+        return
     assert rc == 0, err
     text = out.read_text()
-    assert KEY not in text and KEY[:12] not in text and KEY not in err
+    assert KEY not in text and KEY[:12] not in text
     rows = read_jsonl(out)
-    field = "raw" if mode == "completion" else "error"
-    assert all("Bearer ***" in r[field] for r in rows), rows[0][field]          # the echo is there, the key masked
+    assert all("Bearer ***" in r["raw"] for r in rows), rows[0]["raw"]          # the echo is there, the key masked
 
 
 def test_llm_error_paths_mask_the_key(monkeypatch):
@@ -248,8 +253,8 @@ def test_stage_run_writes_the_key_nowhere(tmp_path, monkeypatch):
     with EchoServer("completion") as srv, EchoServer("not-json") as bad:
         (tmp_path / "params.yaml").write_text(
             "infer:\n  models:\n"
-            f"    echo: {{adapter: openai, config: {{model: m, base_url: '{srv.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n"
-            f"    broken: {{adapter: openai, max_retries: 0, config: {{model: m, base_url: '{bad.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n")
+            f"    echo: {{adapter: openai, representation: none, config: {{model: m, base_url: '{srv.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n"
+            f"    broken: {{adapter: openai, representation: none, max_retries: 0, config: {{model: m, base_url: '{bad.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n")
         for model in ("echo", "broken"):
             r = subprocess.run([sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(ROOT), "--log-level", "WARNING",
                                 "--no-progress-bar", str(ROOT / "nbs/stages/infer.ipynb"), str(tmp_path / f"infer_{model}.ipynb"),
@@ -461,3 +466,175 @@ def test_file_exists_error_under_out_is_status_2(tmp_path, capsys):
     (tmp_path / "ph" / "phantom_000").write_text("a file where a subject folder goes")
     rc, err = run(capsys, "phantom", "--out", tmp_path / "ph", "-n", "1", "--workers", "0")
     assert rc == 2 and "phantom_000: FileExistsError" in err and "ph" in err
+
+
+# === issue 23: what a new user trips over ===========================================================================
+# Every case runs the console script in its own process, as a user does, and checks the status, the one sentence, no
+# traceback, the inputs unchanged and nothing written outside --out.
+
+EXE = Path(sys.executable).parent / "spatialvqa"
+
+
+def cli(*argv, cwd=None, env=None):
+    "`spatialvqa ARGV` as its own process: (status, stdout, stderr)."
+    r = subprocess.run([str(EXE), *map(str, argv)], capture_output=True, text=True, cwd=cwd, timeout=600,
+                       env={**os.environ, "SPATIALVQA_PROGRESS": "0", **(env or {})})
+    return r.returncode, r.stdout, r.stderr
+
+
+def tree(folder: Path) -> dict:
+    "Every file under `folder` (relative path -> bytes): what a command may not change outside its --out."
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def refused(r, cmd: str, *want: str) -> str:
+    "Assert status 2, no traceback and exactly one error sentence holding every `want`; return the sentence."
+    rc, out, err = r
+    assert rc == 2, (rc, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    lines = [l for l in err.splitlines() if l.startswith(f"spatialvqa {cmd}: error: ")]
+    assert len(lines) == 1, err[-3000:]
+    for w in want: assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def phantom_bench(tmp_path_factory):
+    """Two phantoms, their measurements and a few generated questions, in a folder `b/` whose benchmark names the
+    scans by paths relative to itself."""
+    from spatialvqa.measure import measure_manifests
+    from spatialvqa.phantom import make_cohort
+    from spatialvqa.questions import generate_questions
+    d = tmp_path_factory.mktemp("pb") / "b"
+    make_cohort(d / "scans", n_subjects=2, seed=3, workers=0)
+    table, scans, _ = measure_manifests([d / "scans" / "cohort.json"], workers=0)
+    recs = generate_questions(table, seed=0, per_scan={"DIR": 2, "VOL": 2, "VOLEST": 1}, scans=scans, tasks=("DIR", "VOL", "VOLEST"))
+    rel = lambda p: os.path.relpath(p, d)
+    for r in recs:
+        for k in ("images", "label_maps"):
+            if r.get(k): r[k] = [rel(p) for p in r[k]]
+    write_jsonl(recs, d / "bench.jsonl")
+    return d / "bench.jsonl"
+
+
+def test_i23_infer_refuses_a_notes_file(tmp_path):
+    "Item 1: any existing file that holds no predictions is refused unless --overwrite."
+    b = _bench(tmp_path / "b.jsonl")
+    for name, text in (("n.txt", "notes\n"), ("empty.jsonl", ""), ("other.json", '{"a": 1}\n')):
+        f = tmp_path / name
+        f.write_text(text)
+        before = tree(tmp_path)
+        refused(cli("infer", "--model", "random", "--benchmark", b, "--out", f), "infer", f"{name} is not a predictions file", "--overwrite")
+        assert tree(tmp_path) == before
+    assert cli("infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "n.txt", "--overwrite")[0] == 0
+    assert len(read_jsonl(tmp_path / "n.txt")) == 6
+
+
+def test_i23_infer_refuses_a_second_model_in_one_file(tmp_path):
+    "Item 2: a predictions file holds one model unless --mixed; the scorer never reports 0 for rows it did not pick."
+    b = _bench(tmp_path / "b.jsonl")
+    pred = tmp_path / "predictions" / "random.jsonl"
+    assert cli("infer", "--model", "random", "--benchmark", b, "--out", pred)[0] == 0
+    before = tree(tmp_path)
+    refused(cli("infer", "--model", "oracle", "--benchmark", b, "--out", pred), "infer", "random.jsonl holds predictions of random, not of oracle", "--mixed")
+    assert tree(tmp_path) == before
+    assert cli("infer", "--model", "coin", "--adapter", "random", "--config", "seed=5", "--benchmark", b, "--out", pred, "--mixed")[0] == 0
+    from spatialvqa.results import read_predictions
+    with pytest.raises(ValueError, match=r"random.jsonl: holds 2 runs \(random: 6 rows, coin: 6 rows\)"):
+        read_predictions(pred.parent, ["random"])
+
+
+def test_i23_infer_image_model_without_representation_is_refused(tmp_path):
+    "Item 4: a model that reads images is not run blind by default."
+    b = _bench(tmp_path / "b.jsonl")
+    before = tree(tmp_path)
+    refused(cli("infer", "--model", "qwen", "--adapter", "openai", "--benchmark", b, "--out", tmp_path / "q.jsonl",
+                "--config", "model=Qwen/Qwen2.5-VL-7B-Instruct", "base_url=http://127.0.0.1:9/v1"),
+            "infer", "model qwen", "reads images", "--representation")
+    assert tree(tmp_path) == before
+
+
+def test_i23_infer_all_errors_is_a_failure_quoting_the_first(phantom_bench, tmp_path):
+    "Item 4: a run whose rows all end in errors exits non-zero with the first error; a missing scan is not retried."
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl([dict(r, label_maps=["nowhere/" + p for p in r["label_maps"]]) for r in read_jsonl(phantom_bench)], bad)
+    before = tree(tmp_path)
+    import time
+    t0 = time.monotonic()
+    line = refused(cli("infer", "--model", "oracle", "--benchmark", bad, "--out", tmp_path / "o.jsonl"), "infer",
+                   "o.jsonl: all", "answers of oracle are errors, the first", "ScanError", "nowhere/")
+    assert time.monotonic() - t0 < 60, "a missing scan must not be retried with back-off"
+    assert tree(tmp_path) == before, line
+
+
+def test_i23_scan_paths_resolve_relative_to_the_benchmark(phantom_bench, tmp_path):
+    "Item 4: the same benchmark answered from another working directory reads the same scans."
+    elsewhere = tmp_path / "elsewhere"; elsewhere.mkdir()
+    rc, out, err = cli("infer", "--model", "oracle", "--benchmark", phantom_bench, "--out", tmp_path / "o.jsonl", cwd=elsewhere)
+    assert rc == 0, err
+    rows = read_jsonl(tmp_path / "o.jsonl")
+    assert len(rows) == len(read_jsonl(phantom_bench)) and all(r["error"] is None for r in rows)
+    assert not list(elsewhere.iterdir())
+
+
+def test_i23_credentials_in_urls_never_leak(tmp_path):
+    "Item 5: a key inside a URL or a header is refused in params and configs, and masked in every text."
+    secret = "sk-url-0123456789abcdef"
+    b = _bench(tmp_path / "b.jsonl")
+    before = tree(tmp_path)
+    r = cli("infer", "--model", "q", "--adapter", "openai", "--representation", "none", "--benchmark", b, "--out", tmp_path / "q.jsonl",
+            "--config", "model=m", f"base_url=http://u:{secret}@127.0.0.1:9/v1")
+    refused(r, "infer", "--config.base_url", "credentials", "api_key_env")
+    assert secret not in r[1] + r[2]
+    preds = tmp_path / "p.jsonl"
+    write_jsonl([{"question": "Q", "answer": "A", "prediction": "P"}], preds)
+    before = tree(tmp_path)
+    r = cli("ctsvqa-judge", "--predictions", preds, "--judge", f"openai:m@http://u:{secret}@127.0.0.1:9/v1", "--out", tmp_path / "j.jsonl")
+    refused(r, "ctsvqa-judge", "base_url", "credentials")
+    assert secret not in r[1] + r[2] and tree(tmp_path) == before
+    for text in (f"infer:\n  models:\n    q: {{adapter: openai, config: {{model: m, base_url: 'http://u:{secret}@h/v1'}}}}\n",
+                 f"infer:\n  models:\n    q: {{adapter: openai, config: {{model: m, extra_headers: {{Authorization: 'Bearer {secret}'}}}}}}\n",
+                 f"x:\n  url: 'https://h/v1/models?alt=json&key={secret}'\n"):
+        (tmp_path / "params.yaml").write_text(text)
+        r = cli("check-params", tmp_path / "params.yaml")
+        refused(r, "check-params", "params.yaml: ")
+        assert secret not in r[1] + r[2]
+    from spatialvqa.core import get_logger, mask_secrets
+    assert mask_secrets(f"GET http://u:{secret}@h/v1?key={secret} Authorization: Bearer {secret}") == \
+        "GET http://***@h/v1?key=*** Authorization: Bearer ***"
+
+
+RELEASE = ROOT.parent / "shared" / "data" / "ct-spatialvqa"
+
+
+def test_i23_jury_numbers_come_from_the_given_predictions(tmp_path):
+    "Item 3: the published alignment refuses predictions that are not the release's; a key join below 95% is an error."
+    assert (RELEASE / "predictions").is_dir(), f"shared data missing: {RELEASE}"
+    m3d = sorted(str(p) for p in (RELEASE / "judgments").glob("m3d_*"))
+    three = tmp_path / "m3d_three.jsonl"
+    write_jsonl(read_jsonl(RELEASE / "predictions" / "m3d_predictions_full.jsonl")[:3], three)
+    before = tree(tmp_path)
+    refused(cli("ctsvqa-jury", "--predictions", three, "--judgments", *m3d, "--align", "published", "--out", tmp_path / "j.json"),
+            "ctsvqa-jury", "m3d_three.jsonl: not the predictions these judges judged", "its 3 rows", "--align key")
+    line = refused(cli("ctsvqa-jury", "--predictions", RELEASE / "predictions" / "radfm_predictions_full.jsonl", "--judgments", *m3d,
+                       "--align", "key", "--out", tmp_path / "j.json"), "ctsvqa-jury", "radfm_predictions_full.jsonl: only", "of its 9077 predictions")
+    assert "95%" in line
+    assert tree(tmp_path) == before
+    rc, out, err = cli("ctsvqa-jury", "--predictions", RELEASE / "predictions" / "m3d_predictions_full.jsonl", "--judgments", *m3d,
+                       "--align", "published", "--out", tmp_path / "j.json")
+    assert rc == 0, err
+    res = json.loads((tmp_path / "j.json").read_text())
+    assert res["count"] == 9074 and abs(res["jury_accuracy"] - 0.3057) < 5e-5
+
+
+def test_i23_jury_wrong_typed_field_is_a_sentence(tmp_path):
+    "Clear errors: a number where a text goes names the file, the row and the field."
+    preds, judge = _jury_files(tmp_path, True)
+    write_jsonl([{"question": 7, "answer": "A1", "prediction": "P1"}], preds)
+    refused(cli("ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json"), "ctsvqa-jury",
+            "m3d_predictions_full.jsonl: row 0: the field 'question' is int 7, not text")
+    write_jsonl([{"question": "Q1", "answer": "A1", "prediction": "P1"}], preds)
+    judge.write_text(json.dumps([{"question": "Q1", "answer": ["A1"], "prediction": "P1", "is_correct": True}]))
+    refused(cli("ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json"), "ctsvqa-jury",
+            "m3d_gpt_eval.json: row 0: the field 'answer' is list")
+    assert not (tmp_path / "o.json").exists()
