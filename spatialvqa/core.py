@@ -29,12 +29,12 @@ import numpy as np
 # `spatialvqa measure` imports this module and needs neither (about 0.05 s of its start-up)
 
 # %% auto #0
-__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'SecretOptionError',
-           'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger', 'progress', 'OutputError',
-           'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl',
-           'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map',
-           'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes',
-           'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
+__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'resolve_path', 'flag',
+           'SecretOptionError', 'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger', 'progress',
+           'OutputError', 'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json',
+           'write_jsonl', 'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome',
+           'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label',
+           'clean_axes', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -74,6 +74,19 @@ def shared_data(*parts: str, root: str | os.PathLike | None = None) -> Path:
     p = shared.joinpath("data", *parts)
     if not p.exists(): raise FileNotFoundError(f"{p} is missing from the shared data folder {shared}")
     return p
+
+# %% ../nbs/00_core.ipynb #f6b2794b
+def resolve_path(path: str | os.PathLike, named_in: str | os.PathLike) -> str:
+    """Where the relative `path`, written in the file `named_in`, is: under that file's folder, else under the nearest
+    folder above it with `dvc.yaml` or `params.yaml`; a path found in neither is taken under the file's folder (a later
+    error then names where it was looked for). Absolute paths are returned as they are."""
+    p = Path(path)
+    if p.is_absolute(): return str(p)
+    here = Path(named_in).resolve().parent
+    bases = [here, *[d for d in here.parents if (d / "dvc.yaml").exists() or (d / "params.yaml").exists()][:1]]
+    found = next((d / p for d in bases if (d / p).exists()), here / p)
+    try: return str(found.relative_to(Path.cwd().resolve()))
+    except ValueError: return str(found)
 
 # %% ../nbs/00_core.ipynb #b2071a9e
 def flag(value) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .anatomy import label_name
-from .core import get_logger, parallel_map, read_json
+from .core import get_logger, parallel_map, read_json, resolve_path
 from .scan import Scan, Volume, read_scan
 
 # %% auto #0
@@ -509,12 +509,11 @@ def _measure_record(rec: dict, components: bool = True, connectivity: int = 26) 
     info["structures"] = len(ss)
     return info, [s.to_dict() for s in ss]
 
-def _resolve(rec: dict, folder: Path) -> dict:
-    "Relative paths that do not exist from the working directory are taken relative to the manifest."
+def _resolve(rec: dict, manifest: Path) -> dict:
+    "Relative paths are read under the manifest's folder, else under the project that holds it (`core.resolve_path`)."
     rec = dict(rec)
     for k in ("labels", "image"):
-        p = rec.get(k)
-        if p and not Path(p).is_absolute() and not Path(p).exists() and (folder / p).exists(): rec[k] = str(folder / p)
+        if rec.get(k): rec[k] = resolve_path(rec[k], manifest)
     return rec
 
 class _Measure:  # picklable for worker processes
@@ -532,7 +531,7 @@ def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]
     if isinstance(manifests, (str, os.PathLike)): manifests = [manifests]
     recs = []
     for m in manifests:
-        for r in read_json(m): recs.append(_resolve(r, Path(m).parent))
+        for r in read_json(m): recs.append(_resolve(r, Path(m)))
     ids = [r.get("scan_id") for r in recs]
     dup = sorted({i for i in ids if ids.count(i) > 1 and i is not None})
     if dup: raise ValueError(f"duplicate scan_id in manifests: {', '.join(map(str, dup))}")
