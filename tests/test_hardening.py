@@ -638,3 +638,28 @@ def test_i23_jury_wrong_typed_field_is_a_sentence(tmp_path):
     refused(cli("ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json"), "ctsvqa-jury",
             "m3d_gpt_eval.json: row 0: the field 'answer' is list")
     assert not (tmp_path / "o.json").exists()
+
+
+def test_i23_export_name_escape_and_licences(phantom_bench, tmp_path):
+    "Item 6: --name is a plain file name (nothing outside --out); the card and LICENSE.md carry every scan's licence."
+    from PIL import Image
+    recs = read_jsonl(phantom_bench)
+    b = write_jsonl(recs, tmp_path / "in" / "b.jsonl")
+    (tmp_path / "in" / "v").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "in" / "v" / "a.png")
+    write_jsonl([{"qid": r["qid"], "files": ["v/a.png"]} for r in recs], tmp_path / "in" / "index.jsonl")
+    ids = sorted({s for r in recs for s in r["scan_ids"]})
+    (tmp_path / "in" / "scans.json").write_text(json.dumps([{"scan_id": s, "source": "tcia", "licence": "CC BY 4.0"} for s in ids]))
+    (tmp_path / "work").mkdir()
+    before = tree(tmp_path)
+    refused(cli("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl", "--name", "../../escape"),
+            "export", "--name '../../escape'", "plain file name")
+    refused(cli("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl"),
+            "export", "source 'phantom' has no licence", "--scans")
+    assert tree(tmp_path) == before and not list(tmp_path.parent.glob("escape*"))
+    rc, out, err = cli("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl",
+                       "--scans", tmp_path / "in" / "scans.json", cwd=tmp_path / "work")
+    assert rc == 0, err
+    assert f"| tcia | {len(ids)} scans; CC BY 4.0 |" in (tmp_path / "work" / "o" / "LICENSE.md").read_text()
+    assert f"- tcia: {len(ids)} scans; CC BY 4.0" in (tmp_path / "work" / "o" / "README.md").read_text()
+    assert all(p.startswith("work/o/") for p in tree(tmp_path) if p not in before)
