@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['parser', 'main']
+__all__ = ['number', 'parser', 'main']
 
 # %% ../nbs/49_cli.ipynb #8517f92e
 def _nibabel_without_pydicom() -> None:
@@ -74,6 +74,13 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
     "spatialvqa.views": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
 }
 
+def number(*args) -> Callable[[str], int | float]:
+    "`core.number(*args)` as an argparse `type`, imported only when a value is parsed: `spatialvqa --help` loads no numpy."
+    def parse(text: str):
+        from spatialvqa.core import number as _number
+        return _number(*args)(text)
+    return parse
+
 def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
     p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
@@ -93,9 +100,9 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     f.set_defaults(func=_fetch)
     g = sub.add_parser("phantom", help="generate the procedural phantom cohort")
     g.add_argument("--out", required=True)
-    g.add_argument("-n", type=int, default=8, help="number of subjects")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workers", type=int, default=None)
+    g.add_argument("-n", type=number(int, 1, 100000), default=8, help="number of subjects (at least 1; default 8)")
+    g.add_argument("--seed", type=number(int, 0), default=0, help="cohort seed (default 0)")
+    g.add_argument("--workers", type=number(int, 0), default=None, help="worker processes (default: all cores; 0: in process)")
     g.set_defaults(func=_phantom)
     k = sub.add_parser("check-params", help="refuse a params file that holds a secret (run before every DVC stage)")
     k.add_argument("params", nargs="?", default="params.yaml", help="the parameters file (default: params.yaml)")
@@ -172,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spatialvqa {a.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        from spatialvqa.core import mask_secrets       # a URL with credentials may be in any message
         if not _user_error(e):
-            traceback.print_exc()
-            print(f"spatialvqa {a.command}: internal error: {type(e).__name__}: {e}\nThis is a bug in spatialvqa, not a fault "
-                  "of the input: please report it with the traceback above.", file=sys.stderr)
+            print(mask_secrets(traceback.format_exc()), end="", file=sys.stderr)
+            print(mask_secrets(f"spatialvqa {a.command}: internal error: {type(e).__name__}: {e}\nThis is a bug in spatialvqa, not "
+                               "a fault of the input: please report it with the traceback above."), file=sys.stderr)
             return 1
-        print(f"spatialvqa {a.command}: error: {_sentence(e)}", file=sys.stderr)
+        print(mask_secrets(f"spatialvqa {a.command}: error: {_sentence(e)}"), file=sys.stderr)
         return 2

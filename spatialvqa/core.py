@@ -30,11 +30,11 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'resolve_path', 'flag',
-           'SecretOptionError', 'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger', 'progress',
-           'OutputError', 'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json',
-           'write_jsonl', 'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome',
-           'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label',
-           'clean_axes', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
+           'number', 'SecretOptionError', 'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger',
+           'progress', 'OutputError', 'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json',
+           'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file',
+           'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure',
+           'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -96,6 +96,20 @@ def flag(value) -> bool:
     if s in ("1", "true", "yes", "on"): return True
     if s in ("0", "false", "no", "off", "", "none"): return False
     raise ValueError(f"not a boolean: {value!r}")
+
+# %% ../nbs/00_core.ipynb #00a505d3
+def number(kind: type = int, lo: float | None = None, hi: float | None = None) -> Callable[[str], int | float]:
+    "An argparse `type`: `kind(text)`, refused (argparse's status 2 and one sentence) unless finite and within [lo, hi]."
+    import argparse
+    def parse(text: str):
+        try: v = kind(text)
+        except ValueError: raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+        if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"from {lo:g} to {hi:g}" if lo is not None and hi is not None else f"at least {lo:g}" if lo is not None else f"at most {hi:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be {rng}")
+        return v
+    parse.__name__ = kind.__name__      # argparse names the type in its messages
+    return parse
 
 # %% ../nbs/00_core.ipynb #f38e65b5
 class SecretOptionError(ValueError):

@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from spatialvqa import models as M
@@ -663,3 +664,77 @@ def test_i23_export_name_escape_and_licences(phantom_bench, tmp_path):
     assert f"| tcia | {len(ids)} scans; CC BY 4.0 |" in (tmp_path / "work" / "o" / "LICENSE.md").read_text()
     assert f"- tcia: {len(ids)} scans; CC BY 4.0" in (tmp_path / "work" / "o" / "README.md").read_text()
     assert all(p.startswith("work/o/") for p in tree(tmp_path) if p not in before)
+
+
+# --- issue 23: clear errors instead of tracebacks or silence ---------------------------------------------------------
+
+def _ct_and_labels(d: Path):
+    "A 24-voxel-wide CT and a label map with a spleen (1) and a liver (5), written as NIfTI."
+    from spatialvqa.scan import Volume, write_volume
+    lab = np.zeros((24, 24, 12), np.uint8); lab[3:9, 5:15, 2:9] = 1; lab[13:21, 5:15, 2:9] = 5
+    aff = np.diag([2.0, 2.0, 3.0, 1.0])
+    return (write_volume(Volume(np.full(lab.shape, -100, np.int16), aff), d / "ct.nii.gz"),
+            write_volume(Volume(lab, aff), d / "labels.nii.gz"))
+
+
+@pytest.mark.parametrize("args,want", [(["--size", "0"], "argument --size: 0 is out of range: it must be from 16 to 4096"),
+                                       (["--size", "100000"], "argument --size: 100000 is out of range"),
+                                       (["--margin-mm", "-5"], "argument --margin-mm: -5 is out of range")])
+def test_i23_views_size_and_margin_are_bounded(tmp_path, args, want):
+    ct, lab = _ct_and_labels(tmp_path)
+    before = tree(tmp_path)
+    refused(cli("views", ct, lab, "--structures", "spleen", "--out", tmp_path / "v", *args), "views", want)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("cmd,args,want", [
+    ("phantom", ["-n", "-3", "--out", "{d}/ph"], "argument -n: -3 is out of range: it must be from 1 to 100000"),
+    ("phantom", ["-n", "0", "--out", "{d}/ph"], "argument -n: 0 is out of range"),
+    ("report-qa", ["--reports", "{d}/r.jsonl", "--max-per-report", "-1", "--out", "{d}/q.jsonl"], "argument --max-per-report: -1 is out of range"),
+    ("views", ["{d}/ct.nii.gz", "{d}/labels.nii.gz", "--structures", "spleen", "--margin-mm", "-1", "--out", "{d}/v"], "--margin-mm: -1 is out of range")])
+def test_i23_negative_counts_and_margins_are_refused(tmp_path, cmd, args, want):
+    _ct_and_labels(tmp_path)
+    (tmp_path / "r.jsonl").write_text('{"volume": "v1", "findings": "The liver is enlarged."}\n')
+    before = tree(tmp_path)
+    refused(cli(cmd, *[a.replace("{d}", str(tmp_path)) for a in args]), cmd, want)
+    assert tree(tmp_path) == before
+
+
+def test_i23_ctrate_download_without_token_is_a_sentence(tmp_path):
+    (tmp_path / "q.jsonl").write_text('{"qid": "a", "volume": "valid_1_a_1.nii.gz", "question": "Q?", "answer": "A"}\n')
+    before = tree(tmp_path)
+    env = {k: "" for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    r = cli("ctrate-download", "--questions", tmp_path / "q.jsonl", "--out", tmp_path / "d", env=env)
+    refused(r, "ctrate-download", "CT-RATE is gated", "set the environment variable HF_TOKEN")
+    assert "internal error" not in r[2] and tree(tmp_path) == before
+
+
+def test_i23_report_qa_names_the_file_and_the_field(tmp_path):
+    (tmp_path / "r.jsonl").write_text('{"findings": "The liver is enlarged.", "impressions": "x"}\n')
+    before = tree(tmp_path)
+    refused(cli("report-qa", "--reports", tmp_path / "r.jsonl", "--out", tmp_path / "q.jsonl"), "report-qa",
+            "r.jsonl:1: the record has no field 'volume'")
+    (tmp_path / "r.jsonl").write_text('{"volume": "v1", "findings": 3}\n')
+    refused(cli("report-qa", "--reports", tmp_path / "r.jsonl", "--out", tmp_path / "q.jsonl"), "report-qa",
+            "r.jsonl: report 1: the field 'findings' is int, not text")
+    assert not (tmp_path / "q.jsonl").exists()
+
+
+def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
+    "A label map whose header scales (scl_slope 2 turns spleen 1 into kidney_right 2) and a CT with NaN/inf are refused."
+    import nibabel as nib
+    ct, lab = _ct_and_labels(tmp_path)
+    img = nib.load(str(lab))
+    scaled = nib.Nifti1Image(np.asarray(img.dataobj).astype(np.int16), img.affine); scaled.header.set_slope_inter(2, 0)
+    nib.save(scaled, tmp_path / "scaled.nii.gz")
+    before = tree(tmp_path)
+    refused(cli("measure", tmp_path / "scaled.nii.gz", "--out", tmp_path / "m.json"), "measure",
+            "scaled.nii.gz: the header scales the stored values (scl_slope 2, scl_inter 0)")
+    a = np.asarray(nib.load(str(ct)).dataobj).astype(np.float32); a[0, 0, 0] = np.nan; a[1, 1, 1] = np.inf
+    nib.save(nib.Nifti1Image(a, img.affine), tmp_path / "ct_nan.nii.gz")
+    before = tree(tmp_path)
+    refused(cli("measure", lab, "--image", tmp_path / "ct_nan.nii.gz", "--out", tmp_path / "m.json"), "measure",
+            "ct_nan.nii.gz: 2 of 6912 voxels are NaN or infinite")
+    refused(cli("views", tmp_path / "ct_nan.nii.gz", lab, "--structures", "spleen", "--out", tmp_path / "v"), "views",
+            "ct_nan.nii.gz: 2 of 6912 voxels are NaN or infinite")
+    assert tree(tmp_path) == before

@@ -242,7 +242,15 @@ def test_scaled_labels_non_integer(tmp_path):
     img = nib.Nifti1Image(labels(dtype=np.int16), AFF)
     img.header.set_slope_inter(0.5, 0)  # stored 3 -> 1.5
     nib.save(img, str(tmp_path / "scaled.nii.gz"))
-    expect(tmp_path / "scaled.nii.gz", "non-integer label values", read_labels)
+    expect(tmp_path / "scaled.nii.gz", "the header scales the stored values (scl_slope 0.5, scl_inter 0)", read_labels)
+
+
+def test_scaled_labels_integer_are_refused_too(tmp_path):
+    "Issue 23: slope 2 would turn a stored spleen (1) into kidney_right (2); any scaling of a label map is refused."
+    img = nib.Nifti1Image(labels(dtype=np.int16), AFF)
+    img.header.set_slope_inter(2, 0)
+    nib.save(img, str(tmp_path / "scaled2.nii.gz"))
+    expect(tmp_path / "scaled2.nii.gz", "a stored label 1 would read as 2", read_labels)
 
 
 # ---------------------------------------------------------------- read_scan agreement
