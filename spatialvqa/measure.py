@@ -23,9 +23,9 @@ from .core import get_logger, parallel_map, read_json, resolve_path
 from .scan import Scan, Volume, read_scan
 
 # %% auto #0
-__all__ = ['Structure', 'measure_labels', 'structures_table', 'bbox_center_distance', 'centroid_distance', 'offset', 'direction',
-           'boundary_voxels', 'surface_distance', 'pairs_table', 'scan_info', 'measure_scan', 'measure_file',
-           'measure_manifests']
+__all__ = ['STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'measure_labels', 'structures_table', 'bbox_center_distance',
+           'centroid_distance', 'offset', 'direction', 'boundary_voxels', 'surface_distance', 'pairs_table',
+           'scan_info', 'measure_scan', 'measure_file', 'structure_rows', 'measure_manifests', 'read_measurements']
 
 # %% ../nbs/15_measure.ipynb #d62ae325
 _AXES = ("lr", "ap", "si")
@@ -520,6 +520,17 @@ class _Measure:  # picklable for worker processes
     def __init__(self, components, connectivity): self.components, self.connectivity = components, connectivity
     def __call__(self, rec): return _measure_record(rec, self.components, self.connectivity)
 
+def structure_rows(info: Mapping, structs: Sequence[Mapping]) -> list[dict]:
+    "The structures table's rows of one measured scan (`info`: its `scan_info`; `structs`: its structure records)."
+    rows = []
+    for s in structs:
+        (x, y, z), (lo, hi) = s["centroid_ras_mm"], s["bbox_ras_mm"]
+        rows.append({"scan_id": info["scan_id"], "source": info.get("source"), "label": s["label"], "name": s["name"], "voxels": s["voxels"],
+                     "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
+                     **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
+                     **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})
+    return rows
+
 def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike], components: bool = True,
                       connectivity: int = 26, workers: int | None = None, scheduler: str | None = None
                       ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
@@ -543,11 +554,40 @@ def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]
             continue
         info, structs = o.value
         scans.append(info)
-        for s in structs:
-            (x, y, z), (lo, hi) = s["centroid_ras_mm"], s["bbox_ras_mm"]
-            rows.append({"scan_id": info["scan_id"], "source": info.get("source"), "label": s["label"], "name": s["name"], "voxels": s["voxels"],
-                         "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
-                         **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
-                         **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})
+        rows += structure_rows(info, structs)
     if rejected: get_logger(__name__).warning("%d of %d scans rejected", len(rejected), len(recs))
     return pd.DataFrame(rows), pd.DataFrame(scans), rejected
+
+# %% ../nbs/15_measure.ipynb #ccebc5c8
+STRUCTURE_COLUMNS = ("scan_id", "label", "name", "voxels", "volume_ml", "centroid_x", "centroid_y", "centroid_z")
+SCAN_COLUMNS = ("scan_id", "labels", "shape", "spacing", "affine")
+
+def read_measurements(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """(structures, scans) of measure outputs: `spatialvqa measure`'s JSON files (one scan each, `{scan, structures}`)
+    and the measure stage's `structures.parquet` / `scans.parquet` (a parquet file is either, by its columns). A file
+    that is neither is a ValueError naming it and what it lacks."""
+    import pandas as pd
+    if isinstance(paths, (str, os.PathLike)): paths = [paths]
+    structures, scans = [], []
+    for p in paths:
+        if str(p).endswith(".parquet"):
+            t = pd.read_parquet(p)
+            kind = next((k for k, cols in (("scans", SCAN_COLUMNS), ("structures", STRUCTURE_COLUMNS)) if set(cols) <= set(t.columns)), None)
+            if kind is None:
+                miss = sorted(set(STRUCTURE_COLUMNS) - set(t.columns))
+                raise ValueError(f"{p}: not a table of the measure stage (a structures table lacks {', '.join(map(repr, miss))})")
+            (scans if kind == "scans" else structures).append(t)
+            continue
+        res = read_json(p)
+        if not (isinstance(res, Mapping) and isinstance(res.get("scan"), Mapping) and isinstance(res.get("structures"), list)):
+            raise ValueError(f"{p}: not the output of `spatialvqa measure` (a JSON object with 'scan' and 'structures')")
+        if miss := [c for c in SCAN_COLUMNS if c not in res["scan"]]:
+            raise ValueError(f"{p}: its 'scan' has no {miss[0]!r}: not the output of `spatialvqa measure`")
+        structures.append(pd.DataFrame(structure_rows(res["scan"], res["structures"])))
+        scans.append(pd.DataFrame([dict(res["scan"], structures=len(res["structures"]))]))
+    cat = lambda fs: pd.concat(fs, ignore_index=True) if fs else pd.DataFrame()
+    st, sc = cat(structures), cat(scans)
+    for t, what in ((st, "structures"), (sc, "scans")):
+        if len(t) and (dup := t.drop_duplicates(["scan_id", "label"] if what == "structures" else ["scan_id"]).shape[0]) != len(t):
+            raise ValueError(f"{', '.join(map(str, paths))}: {len(t) - dup} {what} rows repeat a scan_id: two measurements of one scan id")
+    return st, sc

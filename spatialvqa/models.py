@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 
 from .core import (OutputError, append_jsonl, check_no_secrets, check_output, get_logger, mask_secrets, progress,
-                             read_jsonl, read_records, stable_hash, thread_map, write_jsonl)
+                             read_jsonl, read_records, resolve_path, stable_hash, thread_map, write_jsonl)
 from .prompt import build_prompt
 from .questions import LETTERS, with_rotations
 
@@ -393,6 +393,7 @@ class make_inputs:
     def __init__(self, representation: str = "none", index: str | os.PathLike | None = None, cache_dir: str | os.PathLike = ".cache/views",
                  root: str | os.PathLike | None = None, **params):
         self.representation, self.root, self.cache_dir, self.params = str(representation), root, Path(cache_dir), params
+        self.index_path = index
         self.index = {r["qid"]: r for r in read_jsonl(index)} if index else None
         if self.representation in BLIND: self.spec = {"representation": "none"}
         else:
@@ -405,7 +406,9 @@ class make_inputs:
             e = self.index.get(record["qid"])
             if e is None or e.get("error"):
                 raise PredictionError(f"no rendered input for {record['qid']}" + (f": {e['error']}" if e else " in the render index"))
-            paths, meta = list(e["paths"]), dict(e.get("meta") or {})
+            # the render stage's index lists `files` (older indexes: `paths`), named from where the index lies
+            paths = [resolve_path(p, self.index_path) for p in (e.get("files") or e.get("paths") or [])]
+            meta = dict(e.get("meta") or {})
         else:
             from spatialvqa.views import get_or_render
             c = get_or_render(record, self.representation, self.cache_dir, root=self.root, **self.params)

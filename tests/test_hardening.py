@@ -738,3 +738,135 @@ def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
     refused(cli("views", tmp_path / "ct_nan.nii.gz", lab, "--structures", "spleen", "--out", tmp_path / "v"), "views",
             "ct_nan.nii.gz: 2 of 6912 voxels are NaN or infinite")
     assert tree(tmp_path) == before
+
+
+# --- issue 23: every pipeline step has a command ---------------------------------------------------------------------
+
+def ts_folder(d: Path, n: int) -> Path:
+    "A TotalSegmentator-format folder of `n` phantoms: <case>/ct.nii.gz and <case>/segmentations/<structure>.nii.gz."
+    import shutil
+    from spatialvqa.anatomy import label_name
+    from spatialvqa.phantom import make_cohort
+    from spatialvqa.scan import Volume, read_scan, write_volume
+    for i, e in enumerate(make_cohort(d / ".phantoms", n_subjects=n, seed=11, workers=0)):
+        s = read_scan(d / ".phantoms" / e["labels"], d / ".phantoms" / e["image"])
+        case = d / "my_ts" / f"s{i + 1:04d}"
+        (case / "segmentations").mkdir(parents=True)
+        write_volume(s.image, case / "ct.nii.gz")
+        for lab in np.unique(s.labels.array):
+            if 0 < lab <= 117:
+                write_volume(Volume((s.labels.array == lab).astype(np.uint8), s.labels.affine), case / "segmentations" / f"{label_name(int(lab))}.nii.gz")
+    shutil.rmtree(d / ".phantoms")
+    return d / "my_ts"
+
+
+def readme_block(title: str) -> str:
+    "The first ```bash block of the README section `title`."
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
+    "The README's 'Your own data, without DVC' block, as it stands, from convert to table and export, outside the repository."
+    assert ROOT not in tmp_path.parents
+    ts_folder(tmp_path, 6)
+    env = {**os.environ, "PATH": f"{EXE.parent}{os.pathsep}{os.environ['PATH']}", "SPATIALVQA_PROGRESS": "0"}
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("Your own data, without DVC")], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_ts", "work"]            # nothing beside what the block names
+    t2 = (tmp_path / "work" / "tables" / "table2.md").read_text()
+    oracle = next(l for l in t2.splitlines() if l.startswith("| Oracle"))
+    assert oracle.count("100.0 [100.0, 100.0]") == 7 and "| Random" in t2
+    assert "| TotalSegmentator | 6 scans;" in (tmp_path / "work" / "export" / "LICENSE.md").read_text()
+    # the files name their scans relative to themselves: the work folder moved elsewhere still answers
+    moved = tmp_path / "elsewhere"; moved.mkdir()
+    (tmp_path / "work").rename(moved / "work"); (tmp_path / "my_ts").rename(moved / "my_ts")
+    rc, out, err = cli("infer", "--model", "oracle", "--benchmark", moved / "work/valid/validated.jsonl", "--out", moved / "again.jsonl", cwd=tmp_path)
+    assert rc == 0 and all(r["error"] is None for r in read_jsonl(moved / "again.jsonl")), err
+
+
+def test_i23_stage_commands_show_the_pipelines_defaults():
+    "validate's (and every stage command's) defaults are what dvc.yaml passes from params.yaml, and --help shows them."
+    import re
+    import yaml
+    from spatialvqa.cli import STAGE_COMMANDS, stage_parameters
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    differ = []
+    for stage in STAGE_COMMANDS:
+        ours = stage_parameters(stage)
+        for name, ref in re.findall(r"-p (\w+) '?\"?\$\{([\w.]+)\}", stages[stage]["cmd"]):
+            value = params
+            for k in ref.split("."): value = value[k]
+            if name == STAGE_COMMANDS[stage].get("positional"): continue       # an input the command requires
+            if name in ours and ours[name][0] != value and not (isinstance(value, (int, float)) and ours[name][0] == value):
+                differ.append(f"{stage}.{name}")
+    assert differ == ["generate.per_source"], differ            # the pipeline's own sources' budgets: no default for other data
+    h = cli("validate", "--help", env={"COLUMNS": "500"})[1]
+    for want in ("(default: chance)", "(default: 8)", "(default: prior,text,atlas,atlas_2fold,atlas_subject,atlas_3subjects,textbook,name_cue)",
+                 "(default: 0.015)", "--out"):
+        assert want in h, want
+    for cmd in ("generate", "render", "score", "tables"):
+        rc, h, err = cli(cmd, "--help", env={"COLUMNS": "500"})
+        assert rc == 0 and "--out" in h and "(default: " in h, (cmd, err)
+
+
+def test_i23_validate_needs_two_scans_and_says_so(phantom_bench, tmp_path):
+    one = tmp_path / "one.jsonl"
+    recs = read_jsonl(phantom_bench)
+    write_jsonl([r for r in recs if r["scan_id"] == recs[0]["scan_id"]], one)
+    before = tree(tmp_path)
+    refused(cli("validate", one, "--out", tmp_path / "v"), "validate",
+            "one.jsonl: the questions are about 1 scan", "needs questions about at least 2 scans")
+    assert tree(tmp_path) == before
+
+
+def test_i23_validate_wrong_field_types_name_the_file_and_write_nothing(phantom_bench, tmp_path):
+    recs = read_jsonl(phantom_bench)
+    i = next(i for i, r in enumerate(recs) if r["format"] == "numeric")
+    recs[i]["answer_value"] = "12 mL"
+    bad = write_jsonl(recs, tmp_path / "bad.jsonl")
+    before = tree(tmp_path)
+    refused(cli("validate", bad, "--out", tmp_path / "v"), "validate", f"bad.jsonl:{i + 1}: the field 'answer_value' is str '12 mL'")
+    assert tree(tmp_path) == before
+
+
+def test_i23_measure_json_feeds_validate_as_it_is(phantom_bench, tmp_path):
+    "`spatialvqa measure`'s JSON (its scan id from the folder, not 'labels') is what validate --structures takes."
+    scans = sorted({p for r in read_jsonl(phantom_bench) for p in r["label_maps"]})
+    jsons = []
+    for p in scans:
+        lab = (phantom_bench.parent / p).resolve()
+        jsons.append(tmp_path / f"{lab.parent.name}.json")
+        rc, out, err = cli("measure", lab, "--out", jsons[-1])
+        assert rc == 0, err
+        assert json.loads(jsons[-1].read_text())["scan"]["scan_id"] == lab.parent.name
+    rc, out, err = cli("validate", phantom_bench, "--structures", ",".join(map(str, jsons)), "--answerers", "prior,text",
+                       "--rule", "soft_majority", "--out", tmp_path / "v")
+    assert rc == 0, err[-3000:]
+    assert (tmp_path / "v" / "validated.jsonl").exists() and (tmp_path / "v" / "filter_report.json").exists()
+
+
+def test_i23_stage_command_failing_leaves_no_output(phantom_bench, tmp_path):
+    (tmp_path / "structures.parquet").write_bytes(b"PAR1 not parquet")
+    before = tree(tmp_path)
+    r = cli("generate", "--structures", tmp_path / "structures.parquet", "--scans", tmp_path / "structures.parquet", "--out", tmp_path / "g")
+    assert r[0] == 2 and "Traceback" not in r[2] and "structures.parquet" in r[2], r[2][-2000:]
+    assert tree(tmp_path) == before and not (tmp_path / "g").exists()
+
+
+def test_i23_score_scores_each_run_of_a_mixed_file_under_its_own_name(phantom_bench, tmp_path):
+    "Item 2: a file that holds two runs is scored as two rows, each by its own answers; no run reads as missing."
+    pred = tmp_path / "random.jsonl"
+    assert cli("infer", "--model", "random", "--benchmark", phantom_bench, "--out", pred)[0] == 0
+    assert cli("infer", "--model", "oracle", "--benchmark", phantom_bench, "--out", pred, "--mixed")[0] == 0
+    rc, out, err = cli("score", "--benchmark", phantom_bench, "--predictions", pred, "--out", tmp_path / "s")
+    assert rc == 0, err[-3000:]
+    m = json.loads((tmp_path / "s" / "metrics.json").read_text())
+    assert set(m) == {"random", "oracle"}
+    import pandas as pd
+    s = pd.read_parquet(tmp_path / "s" / "scores.parquet")
+    assert (s[s.model == "oracle"]["status"] != "error").all() and (s[s.model == "random"]["status"] != "error").all()
+    assert s[s.model == "oracle"]["correct"].astype(bool).all()
