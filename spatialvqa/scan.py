@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['ORDERS', 'ScanError', 'Volume', 'nifti_affine', 'read_volume', 'read_labels', 'write_volume', 'write_dicom_series',
-           'reoriented_grid', 'reorient', 'canonical', 'Scan', 'storage_order', 'read_scan']
+__all__ = ['NIFTI1_MAX_DIM', 'ORDERS', 'ScanError', 'Volume', 'nifti_affine', 'read_volume', 'read_labels', 'write_volume',
+           'write_dicom_series', 'reoriented_grid', 'reorient', 'canonical', 'Scan', 'storage_order', 'read_scan']
 
 # %% ../nbs/11_scan.ipynb #8b330e57
 class ScanError(ValueError):
@@ -373,13 +373,17 @@ def _drop_nrrd_timestamp(path: Path) -> None:
     keep = [l for l in lines if not (l.startswith(b"# on ") and l.endswith(b"(GMT)."))]
     if len(keep) != len(lines): path.write_bytes(b"\n".join(keep) + sep + data)
 
+NIFTI1_MAX_DIM = 32767     # NIfTI-1 stores each dimension as an int16
+
 def write_volume(vol: Volume, path: str | os.PathLike) -> Path:
     "Write `vol` to `.nii`, `.nii.gz` (nibabel), `.nrrd` or `.nhdr` (pynrrd, LPS); returns the path."
     path = Path(path)
     ext, aff = _ext(path), np.asarray(vol.affine, dtype=np.float64)
     if ext in _NIFTI_EXT:
         nib = _nib()
-        cls = nib.Nifti1Image if np.array_equal(aff.astype(np.float32).astype(np.float64), aff) else nib.Nifti2Image
+        # NIfTI-1 whenever the data fit it (every tool reads it; SimpleITK, and so ITK, refuses NIfTI-2): its float32
+        # affine rounds a coordinate by at most 6e-8 of its size (6e-5 mm at 1 m); NIfTI-2 only past 32767 voxels per axis
+        cls = nib.Nifti1Image if max(np.shape(vol.array)) <= NIFTI1_MAX_DIM else nib.Nifti2Image
         img = cls(_nifti_dtype(np.asarray(vol.array)), aff)
         img.set_sform(aff, code=1)
         rot = aff[:3, :3] / np.linalg.norm(aff[:3, :3], axis=0)

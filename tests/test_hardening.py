@@ -870,3 +870,27 @@ def test_i23_score_scores_each_run_of_a_mixed_file_under_its_own_name(phantom_be
     s = pd.read_parquet(tmp_path / "s" / "scores.parquet")
     assert (s[s.model == "oracle"]["status"] != "error").all() and (s[s.model == "random"]["status"] != "error").all()
     assert s[s.model == "oracle"]["correct"].astype(bool).all()
+
+
+# --- issue 23: files other tools can read ----------------------------------------------------------------------------
+
+def test_i23_simpleitk_opens_every_label_map_the_pipeline_writes(tmp_path):
+    """NIfTI-1 wherever the data fit it: the label maps of convert (pyradiomics, whose NRRD geometry is float64, and
+    TotalSegmentator's example), of the phantom cohort and of the counterfactual copies all open in SimpleITK, with
+    the geometry spatialvqa reads within 1e-4 mm."""
+    import SimpleITK as sitk
+    from spatialvqa.convert import convert
+    from spatialvqa.counterfactual import make_counterfactuals
+    from spatialvqa.phantom import make_cohort
+    from spatialvqa.scan import read_labels
+    real = ROOT.parent / "shared" / "data" / "real-ct"
+    convert("pyradiomics", real / "pyradiomics", tmp_path / "scans" / "pyradiomics", workers=0)
+    convert("totalsegmentator", real / "totalsegmentator" / "s0001", tmp_path / "scans" / "ts", workers=0)
+    make_cohort(tmp_path / "phantom", n_subjects=2, seed=5, workers=0)
+    make_counterfactuals([tmp_path / "scans" / "pyradiomics" / "scans.json"], tmp_path / "copies", phantoms=0, workers=0)
+    maps = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.name.startswith("labels") and p.suffix in (".gz", ".nii", ".nrrd"))
+    assert {p.parts[len(tmp_path.parts)] for p in maps} == {"scans", "phantom", "copies"}, maps
+    for p in maps:
+        img = sitk.ReadImage(str(p))                                      # raises on NIfTI-2
+        ras = np.diag([-1.0, -1.0, 1.0]) @ np.array(img.GetOrigin())
+        assert np.allclose(ras, read_labels(p).affine[:3, 3], atol=1e-4), p
