@@ -91,8 +91,9 @@ def _fetch(a) -> int:
     return 0
 
 def _phantom(a) -> int:
-    from spatialvqa.phantom import make_cohort
-    make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
+    from spatialvqa.phantom import make_cohort, write_totalsegmentator
+    if a.layout == "totalsegmentator": write_totalsegmentator(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
+    else: make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
     return 0
 
 # %% ../nbs/49_cli.ipynb #8310e93e
@@ -411,6 +412,9 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     g.add_argument("-n", type=number(int, 1, 100000), default=8, help="number of subjects (at least 1; default 8)")
     g.add_argument("--seed", type=number(int, 0), default=0, help="cohort seed (default 0)")
     g.add_argument("--workers", type=number(int, 0), default=None, help="worker processes (default: all cores; 0: in process)")
+    g.add_argument("--layout", choices=["cohort", "totalsegmentator"], default="cohort", help="cohort: the phantom stage's "
+                   "own (cohort.json, truth, report); totalsegmentator: sNNNN/ct.nii.gz and segmentations/<structure>.nii.gz "
+                   "(default: cohort)")
     g.set_defaults(func=_phantom)
     k = sub.add_parser("check-params", help="refuse a params file that holds a secret (run before every DVC stage)")
     k.add_argument("params", nargs="?", default="params.yaml", help="the parameters file (default: params.yaml)")

@@ -742,24 +742,6 @@ def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
 
 # --- issue 23: every pipeline step has a command ---------------------------------------------------------------------
 
-def ts_folder(d: Path, n: int) -> Path:
-    "A TotalSegmentator-format folder of `n` phantoms: <case>/ct.nii.gz and <case>/segmentations/<structure>.nii.gz."
-    import shutil
-    from spatialvqa.anatomy import label_name
-    from spatialvqa.phantom import make_cohort
-    from spatialvqa.scan import Volume, read_scan, write_volume
-    for i, e in enumerate(make_cohort(d / ".phantoms", n_subjects=n, seed=11, workers=0)):
-        s = read_scan(d / ".phantoms" / e["labels"], d / ".phantoms" / e["image"])
-        case = d / "my_ts" / f"s{i + 1:04d}"
-        (case / "segmentations").mkdir(parents=True)
-        write_volume(s.image, case / "ct.nii.gz")
-        for lab in np.unique(s.labels.array):
-            if 0 < lab <= 117:
-                write_volume(Volume((s.labels.array == lab).astype(np.uint8), s.labels.affine), case / "segmentations" / f"{label_name(int(lab))}.nii.gz")
-    shutil.rmtree(d / ".phantoms")
-    return d / "my_ts"
-
-
 def readme_block(title: str) -> str:
     "The first ```bash block of the README section `title`."
     text = (ROOT / "README.md").read_text()
@@ -770,7 +752,6 @@ def readme_block(title: str) -> str:
 def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
     "The README's 'Your own data, without DVC' block, as it stands, from convert to table and export, outside the repository."
     assert ROOT not in tmp_path.parents
-    ts_folder(tmp_path, 6)
     env = {**os.environ, "PATH": f"{EXE.parent}{os.pathsep}{os.environ['PATH']}", "SPATIALVQA_PROGRESS": "0"}
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("Your own data, without DVC")], cwd=tmp_path,
                        capture_output=True, text=True, env=env, timeout=900)
