@@ -875,3 +875,21 @@ def test_i23_simpleitk_opens_every_label_map_the_pipeline_writes(tmp_path):
         img = sitk.ReadImage(str(p))                                      # raises on NIfTI-2
         ras = np.diag([-1.0, -1.0, 1.0]) @ np.array(img.GetOrigin())
         assert np.allclose(ras, read_labels(p).affine[:3, 3], atol=1e-4), p
+
+
+def test_i23_interop_check_fails_loudly_and_is_pinned():
+    """make interop: lmms-eval 0.7.3 with filelock 4 logs "No module named 'filelock._api'", evaluates nothing and exits 0;
+    the check treats any error line, a missing task and a missing or NaN metric as failures, and the interop venv is
+    pinned by interop/constraints.txt (filelock below 4)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("run_lmms_eval", ROOT / "interop" / "run_lmms_eval.py")
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    log = ("2026-11-26 | INFO | lmms_eval.__main__:cli_evaluate_single - Selected Tasks: ['spatialvqa_tracka']\n"
+           "2026-11-26 | ERROR | lmms_eval.__main__:cli_evaluate:614 - Error during evaluation: No module named 'filelock._api'.\n")
+    assert len(m.errors_in(log)) == 1 and not m.errors_in(log.splitlines()[0])
+    want = {"score": 0.25, "mc_accuracy": 0.25, "questions": 8}
+    assert m.compare({"score": 0.25, "mc_accuracy": 0.25, "numeric_mra": 0.0}, want, 0.0) == []
+    assert len(m.compare({"score": float("nan"), "numeric_mra": 0.0}, want, 0.0)) == 2        # NaN and a missing metric
+    pins = dict(l.split("==") for l in (ROOT / "interop" / "constraints.txt").read_text().splitlines() if "==" in l and not l.startswith("#"))
+    assert pins["lmms_eval"] == "0.7.3" and int(pins["filelock"].split(".")[0]) < 4 and pins["torchvision"] == "0.29.1"
+    assert "-c interop/constraints.txt" in (ROOT / "Makefile").read_text()
