@@ -574,8 +574,9 @@ def read_measurements(paths: str | os.PathLike | Sequence[str | os.PathLike]) ->
             t = pd.read_parquet(p)
             kind = next((k for k, cols in (("scans", SCAN_COLUMNS), ("structures", STRUCTURE_COLUMNS)) if set(cols) <= set(t.columns)), None)
             if kind is None:
-                miss = sorted(set(STRUCTURE_COLUMNS) - set(t.columns))
-                raise ValueError(f"{p}: not a table of the measure stage (a structures table lacks {', '.join(map(repr, miss))})")
+                lack = lambda cols: ", ".join(repr(c) for c in cols if c not in t.columns)
+                raise ValueError(f"{p}: not a table of the measure stage: neither a scans table (it lacks {lack(SCAN_COLUMNS)}) "
+                                 f"nor a structures table (it lacks {lack(STRUCTURE_COLUMNS)})")
             (scans if kind == "scans" else structures).append(t)
             continue
         res = read_json(p)

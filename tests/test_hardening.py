@@ -893,3 +893,33 @@ def test_i23_interop_check_fails_loudly_and_is_pinned():
     pins = dict(l.split("==") for l in (ROOT / "interop" / "constraints.txt").read_text().splitlines() if "==" in l and not l.startswith("#"))
     assert pins["lmms_eval"] == "0.7.3" and int(pins["filelock"].split(".")[0]) < 4 and pins["torchvision"] == "0.29.1"
     assert "-c interop/constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_i23_ctsvqa_judge_runs_outside_the_repository(tmp_path):
+    "Rows that carry question, answer and prediction are judged as they are, from a folder outside the repository."
+    from spatialvqa.llm import FakeOpenAIServer
+    rows = [{"question": "Which kidney is larger?", "answer": "The left kidney.", "prediction": "Left."},
+            {"question": "Is the liver enlarged?", "answer": "No.", "prediction": "Yes, markedly."}]
+    preds = write_jsonl(rows, tmp_path / "my_model.jsonl")
+    verdict = lambda body: '{"correct": true, "reason": "same"}' if "Left." in body["messages"][-1]["content"] else '{"correct": false, "reason": "no"}'
+    with FakeOpenAIServer(reply=verdict) as srv:
+        rc, out, err = cli("ctsvqa-judge", "--predictions", preds, "--judge", f"openai:judge@{srv.base_url}", "--out", tmp_path / "j" / "judged.jsonl",
+                           cwd=tmp_path, env={"OPENAI_API_KEY": "sk-local-judge-000000"})
+    assert rc == 0, err[-3000:]
+    assert "2 questions" in out and "jury accuracy 0.5000 over 2 judged questions" in out, out
+    judged = read_jsonl(tmp_path / "j" / "judged.jsonl")
+    assert [r["jury"] for r in judged] == [True, False] and [r["qid"] for r in judged] == ["0", "1"]
+    assert all(p.is_relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+
+def test_i23_validate_scans_table_without_affine_names_the_file_and_column(phantom_bench, tmp_path):
+    "Clear errors: `validate --scans` on a table without the measure stage's columns says which, not just 'affine'."
+    import pandas as pd
+    from spatialvqa.measure import measure_manifests
+    table, scans, _ = measure_manifests([phantom_bench.parent / "scans" / "cohort.json"], workers=0)
+    table.to_parquet(tmp_path / "structures.parquet")
+    scans.drop(columns=["affine"]).to_parquet(tmp_path / "scans.parquet")
+    before = tree(tmp_path)
+    refused(cli("validate", phantom_bench, "--structures", tmp_path / "structures.parquet", "--scans", tmp_path / "scans.parquet",
+                "--out", tmp_path / "v"), "validate", "scans.parquet: not a table of the measure stage", "lacks 'affine'")
+    assert tree(tmp_path) == before
