@@ -58,22 +58,28 @@ bench: setup
 readme:
 	$(PY) scripts/readme.py
 
-# Optional, not part of `make test`: lmms-eval 0.7.3 from PyPI in its own venv (torch==2.13.0 first) runs the exported
-# task (data/export from `dvc repro -s export`) from a temporary working directory outside the repository, with its
-# `dummy` model and with a model that checks every question's images; prints the numbers, the expected ones and the time.
+# Optional, not part of `make test`: lmms-eval 0.7.3 from PyPI in its own venv (torch==2.13.0 first), every package pinned
+# by interop/constraints.txt (as measured to work), runs the exported task from a temporary working directory outside the
+# repository, with its `dummy` model and with a model that checks every question's images; prints the numbers, the
+# expected ones and the time, and fails on any error lmms-eval reports. The export is data/export (`dvc repro -s
+# export`); on a clone without it, the README walk-through's export of 6 phantoms (interop/small_export.py).
 INTEROP_VENV ?= .venv-interop
+INTEROP_EXPORT ?= data/export
 
-$(INTEROP_VENV)/.interop-done:
+$(INTEROP_VENV)/.interop-done: interop/constraints.txt
 	test -x $(INTEROP_VENV)/bin/python || python3 -m venv $(INTEROP_VENV)
 	$(INTEROP_VENV)/bin/python -m pip install -q torch==2.13.0
 	# lmms-eval requires torchvision, and torchvision 0.28 (the one built for torch 2.13.0) does not load with torch's CPU
 	# build 2.13.0+cpu ("operator torchvision::nms does not exist"): torchvision 0.29.1 moves this venv, and only this one,
-	# to torch 2.14
-	$(INTEROP_VENV)/bin/python -m pip install -q "lmms-eval==0.7.3" "torchvision==0.29.1"
+	# to torch 2.14.1; filelock < 4 (lmms-eval 0.7.3 imports filelock._api): see interop/constraints.txt
+	$(INTEROP_VENV)/bin/python -m pip install -q -c interop/constraints.txt "lmms-eval==0.7.3" "torchvision==0.29.1"
 	touch $@
 
-interop: $(INTEROP_VENV)/.interop-done
-	$(INTEROP_VENV)/bin/python interop/run_lmms_eval.py --export data/export
+interop: setup $(INTEROP_VENV)/.interop-done
+	@if [ -f $(INTEROP_EXPORT)/spatialvqa_trackA.parquet ]; then E=$(INTEROP_EXPORT); else \
+	  echo "$(INTEROP_EXPORT): no export; building the README walk-through's export in .cache/interop"; \
+	  $(PY) interop/small_export.py --out .cache/interop >/dev/null && E=.cache/interop/work/export; fi; \
+	$(INTEROP_VENV)/bin/python interop/run_lmms_eval.py --export $$E
 
 # The documentation site from nbs/ into _site/ (open _site/index.html), offline: MkDocs + mkdocs-jupyter, the library
 # notebooks executed as nbdev-test runs them (cached in .cache/docs), results read from the committed files.

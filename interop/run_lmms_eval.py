@@ -9,11 +9,14 @@ Two runs:
 2. the Python API (`lmms_eval.evaluator.simple_evaluate`) with `ViewCounter`, a model defined here that takes every
    question's images from `doc_to_visual`, checks that there is at least one and that each is an RGB PIL image, and
    answers with a fixed policy (the letter B; "150 mL" to numeric questions). Expected: the share of B answers.
-Prints one JSON summary (numbers and seconds) and exits non-zero if a run fails or a number differs."""
+Prints one JSON summary (numbers and seconds) and exits non-zero if a run fails, reports an error (lmms-eval logs a
+task it cannot load and goes on with none), leaves a metric out or gets a number that differs."""
 import argparse
 import glob
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,12 +43,24 @@ def metrics_of(results: dict) -> dict:
     return {k.split(",")[0]: v for k, v in r.items() if "," in k and "_stderr" not in k}
 
 
+def _differs(got, want: float) -> bool:
+    "A metric lmms-eval did not report, or a number that is not finite, is a mismatch (NaN compares false with anything)."
+    try: g = float(got)
+    except (TypeError, ValueError): return True
+    return not math.isfinite(g) or abs(g - want) > 1e-9
+
+
 def compare(got: dict, want: dict, numeric_mra: float) -> list[str]:
     bad = [f"{k}: lmms-eval {got.get(k)} != expected {v}" for k, v in want.items()
-           if k not in ("questions", "mc_questions", "numeric_questions") and abs(float(got.get(k, float("nan"))) - v) > 1e-9]
-    if abs(float(got.get("numeric_mra", float("nan"))) - numeric_mra) > 1e-9:
+           if k not in ("questions", "mc_questions", "numeric_questions") and _differs(got.get(k), v)]
+    if _differs(got.get("numeric_mra"), numeric_mra):
         bad.append(f"numeric_mra: lmms-eval {got.get('numeric_mra')} != expected {numeric_mra}")
     return bad
+
+
+def errors_in(text: str) -> list[str]:
+    "The lines of lmms-eval's output that report an error: it logs a task it could not load and goes on without it."
+    return [l.strip() for l in text.splitlines() if re.search(r"Traceback|No module named|\bError\b|ERROR", l)]
 
 
 def run_cli(include: Path, cwd: Path) -> tuple[dict, float]:
@@ -55,10 +70,14 @@ def run_cli(include: Path, cwd: Path) -> tuple[dict, float]:
     p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     dt = time.perf_counter() - t0
     files = sorted(glob.glob(str(cwd / "out" / "**" / "*results*.json"), recursive=True))
-    if p.returncode != 0 or not files:
+    errors = errors_in(p.stdout + p.stderr)
+    results = json.loads(Path(files[-1]).read_text()) if files else {}
+    if p.returncode != 0 or not files or errors or TASK not in results.get("results", {}):
         sys.stderr.write(p.stdout[-4000:] + p.stderr[-8000:])
-        raise SystemExit(f"lmms-eval (dummy) failed: exit status {p.returncode}, {len(files)} results files in {cwd / 'out'}")
-    return metrics_of(json.loads(Path(files[-1]).read_text())), dt
+        raise SystemExit(f"lmms-eval (dummy) failed: exit status {p.returncode}, {len(files)} results files in {cwd / 'out'}, "
+                         f"task {TASK} {'in' if TASK in results.get('results', {}) else 'NOT in'} the results; "
+                         f"{len(errors)} error lines, the first: {errors[0] if errors else '-'}")
+    return metrics_of(results), dt
 
 
 def run_api(include: Path) -> tuple[dict, dict, float]:
@@ -94,6 +113,8 @@ def run_api(include: Path) -> tuple[dict, dict, float]:
     model = ViewCounter()
     res = simple_evaluate(model=model, tasks=[TASK], task_manager=TaskManager(include_path=str(include)), batch_size=1)
     dt = time.perf_counter() - t0
+    if not res or TASK not in (res.get("results") or {}) or not model.views:
+        raise SystemExit(f"lmms-eval's simple_evaluate returned no results for {TASK} ({len(model.views)} questions answered)")
     return metrics_of(res), {"questions_with_views": len(model.views), "min_views": min(model.views), "max_views": max(model.views),
                              "views": sum(model.views)}, dt
 

@@ -18,9 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['parser', 'main']
+__all__ = ['STAGE_COMMANDS', 'number', 'scan_id_of', 'stage_notebook', 'stage_parameters', 'check_records', 'exec_stage',
+           'read_json_list', 'add_stage_command', 'parser', 'main']
 
 # %% ../nbs/49_cli.ipynb #8517f92e
+def number(*args) -> Callable[[str], int | float]:
+    "`core.number(*args)` as an argparse `type`, imported only when a value is parsed: `spatialvqa --help` loads no numpy."
+    def parse(text: str):
+        from spatialvqa.core import number as _number
+        return _number(*args)(text)
+    return parse
+
 def _nibabel_without_pydicom() -> None:
     "Import nibabel without letting it import pydicom (see above); a no-op once either is loaded."
     if "nibabel" in sys.modules or "pydicom" in sys.modules: return
@@ -28,14 +36,49 @@ def _nibabel_without_pydicom() -> None:
     try: import nibabel  # noqa: F401
     finally: del sys.modules["pydicom"]
 
+_GENERIC_STEMS = {"labels", "label", "seg", "segmentation", "segmentations", "seg_multilabel", "mask", "masks", "labelmap", "label_map"}
+
+def scan_id_of(path: str | os.PathLike) -> str:
+    """The scan id `measure` records for a label map: its file name without the extension, or its folder's name when
+    that name says nothing about the scan (`labels.nii.gz`, `seg.nii.gz`, `segmentations/` ...)."""
+    p = Path(path)
+    name = p.name
+    for ext in (".nii.gz", ".nii", ".nrrd", ".nhdr"):
+        if name.lower().endswith(ext): name = name[: -len(ext)]; break
+    return p.resolve().parent.name if name.lower() in _GENERIC_STEMS else name
+
+def _is_manifest(path: str) -> bool: return str(path).lower().endswith(".json")
+
 def _measure(a) -> int:
+    if _is_manifest(a.labels): return _measure_manifest(a)
     from spatialvqa import scan
     scan._import_nibabel = _nibabel_without_pydicom  # if a file needs nibabel after all
     from spatialvqa.core import get_logger, write_json
     from spatialvqa.measure import measure_file
-    res = measure_file(a.labels, a.image, components=not a.no_components, processes=2)
+    res = measure_file(a.labels, a.image, components=not a.no_components, processes=2, scan_id=a.scan_id or scan_id_of(a.labels))
+    for k, p in (("labels", a.labels), ("image", a.image)):     # absolute: the JSON is read from any folder
+        if p: res["scan"][k] = str(Path(p).resolve())
     write_json(res, a.out)
-    get_logger("cli").info("%d structures -> %s", len(res["structures"]), a.out)
+    get_logger("cli").info("%d structures of %s -> %s", len(res["structures"]), res["scan"]["scan_id"], a.out)
+    return 0
+
+def _measure_manifest(a) -> int:
+    "`measure MANIFEST.json --out FOLDER`: the measure stage on a convert manifest (structures.parquet, scans.parquet, rejected.json)."
+    from spatialvqa.core import get_logger, write_json, write_parquet
+    from spatialvqa.measure import measure_manifests
+    if a.image or a.scan_id: raise ValueError(f"{a.labels}: a manifest names each scan's image and id; --image and --scan-id apply to one label map")
+    table, scans, rejected = measure_manifests([a.labels], components=not a.no_components, workers=a.workers)
+    if not len(scans):
+        raise ValueError(f"{a.labels}: no scan could be measured" + (f" (the first: {rejected[0]['error']})" if rejected else " (the manifest lists none)"))
+    for k in ("labels", "image"):                                  # absolute: the tables are read from any folder
+        if k in scans: scans[k] = [str(Path(p).resolve()) if isinstance(p, str) and p else p for p in scans[k]]
+    out = Path(a.out)
+    write_parquet(table, out / "structures.parquet")
+    write_parquet(scans, out / "scans.parquet")
+    write_json(rejected, out / "rejected.json")
+    write_json({"scans": len(scans), "rejected": len(rejected), "structures": len(table)}, out / "summary.json")
+    get_logger("cli").info("%d scans measured, %d rejected, %d structures -> %s", len(scans), len(rejected), len(table), out)
+    for r in rejected: get_logger("cli").warning("rejected %s: %s", r.get("scan_id"), r["error"])
     return 0
 
 # %% ../nbs/49_cli.ipynb #34d476ab
@@ -48,8 +91,9 @@ def _fetch(a) -> int:
     return 0
 
 def _phantom(a) -> int:
-    from spatialvqa.phantom import make_cohort
-    make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
+    from spatialvqa.phantom import make_cohort, write_totalsegmentator
+    if a.layout == "totalsegmentator": write_totalsegmentator(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
+    else: make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
     return 0
 
 # %% ../nbs/49_cli.ipynb #8310e93e
@@ -59,14 +103,281 @@ def _check_params(a) -> int:
     get_logger("cli").info("%s: %d sections, no secret-looking option", a.params, len(params))
     return 0
 
+# %% ../nbs/49_cli.ipynb #a350db87
+_STAGE_HELP = {  # subcommand -> help; each runs nbs/stages/<subcommand>.ipynb
+    "generate": "Track A questions and their counterfactual twins from measured structures (the generate stage)",
+    "validate": "filter a Track A benchmark: plausibility, near-duplicates, blind answerers held at chance (the validate stage)",
+    "render": "render what a model is shown for every question of a benchmark (the render stage)",
+    "score": "parse and score predictions against a benchmark, each run under its own name (the score stage)",
+    "tables": "Track A tables with scan-bootstrap intervals from the scores (the tables stage)",
+}
+STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a command's arguments
+    "generate": dict(outputs={"out": "", "results": "", "figures": "figures"}, measured=("structures", "scans")),
+    "validate": dict(positional="questions", outputs={"out": "", "results": ""}, measured=("structures", "scans"),
+                     benchmark="questions", min_scans="folds"),
+    "render": dict(positional="questions", outputs={"out": "", "results": ""}, benchmark="questions", staged=False,
+                   defaults={"cache": ""}, notes={"cache": "content-hash cache of renderings (default: OUT/.cache)"},
+                   bounds={"size": (16, 4096), "grid_size": (16, 8192), "grid_n": (1, 256), "margin_mm": (0, 1000), "workers": (0, 256)}),
+    "score": dict(outputs={"out": ""}, hidden=("predictions", "models", "params_file"), benchmark="benchmark"),
+    "tables": dict(outputs={"out": ""}, defaults={"draws": ""},
+                   notes={"scores": "the score command's scores.parquet, or its --out folder (then its circular.parquet too)",
+                          "draws": "the draws stage's runs of the seeded baselines (default: none)"}),
+}
+
+def stage_notebook(stage: str) -> Path:
+    "`nbs/stages/<stage>.ipynb` of the repository this package is installed from (an editable install)."
+    p = Path(importlib.import_module("spatialvqa").__file__).resolve().parents[1] / "nbs" / "stages" / f"{stage}.ipynb"
+    if not p.exists(): raise FileNotFoundError(f"{p}: the stage notebook is missing: `spatialvqa {stage}` runs it, so it needs "
+                                               "the repository this package was installed from (pip install -e)")
+    return p
+
+def _cells(stage: str) -> tuple[str, list[str]]:
+    "The `parameters` cell's source and the code cells after it, of a stage notebook."
+    import json
+    cells = json.loads(stage_notebook(stage).read_text())["cells"]
+    src = lambda c: "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+    i = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    return src(cells[i]), [src(c) for c in cells[i + 1:] if c["cell_type"] == "code" and src(c).strip()]
+
+def stage_parameters(stage: str) -> dict[str, tuple[object, str]]:
+    """name -> (default, comment) of every parameter of a stage notebook: `name = literal  # comment`, the comment
+    continued on the comment lines below it, or taken from the comment lines above when the line has none."""
+    import ast
+    text, _ = _cells(stage)
+    lines, out = text.splitlines(), {}
+    for node in ast.parse(text).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)): continue
+        line = lines[node.end_lineno - 1]
+        note = [line.split("#", 1)[1].strip()] if "#" in line[node.value.end_col_offset:] else []
+        j = node.end_lineno
+        while note and j < len(lines) and lines[j].startswith((" ", "\t")) and lines[j].strip().startswith("#"):
+            note.append(lines[j].strip().lstrip("#").strip()); j += 1
+        j = node.lineno - 2
+        while not note and j >= 0 and lines[j].strip().startswith("#"):
+            note.insert(0, lines[j].strip().lstrip("#").strip()); j -= 1
+        out[node.targets[0].id] = (ast.literal_eval(node.value), " ".join(note))
+    return out
+
+# %% ../nbs/49_cli.ipynb #b9abebc1
+_TEXT = (str,)
+_RECORD_TYPES = {  # Track A record fields -> the types they may hold (None: may be null)
+    "qid": _TEXT, "task": _TEXT, "format": _TEXT, "question": _TEXT, "scan_id": _TEXT + (type(None),),
+    "subtask": _TEXT + (type(None),), "answer_letter": _TEXT + (type(None),), "unit": _TEXT + (type(None),),
+    "options": (list, type(None)), "scan_ids": (list, type(None)), "structures": (list, type(None)),
+    "images": (list, type(None)), "label_maps": (list, type(None)), "option_values": (list, type(None)),
+    "answer_value": (int, float, type(None)), "tolerance": (int, float, type(None)),
+    "spec": (dict, type(None)), "measurements": (dict, type(None)), "hosts": (dict, type(None)),
+}
+
+def check_records(records: list[dict], path: str | os.PathLike) -> list[dict]:
+    "`records` when every known field holds its type (lists of text where text goes); else a ValueError naming file, line, field."
+    for n, r in enumerate(records, 1):
+        for f, types in _RECORD_TYPES.items():
+            if f not in r: continue
+            v = r[f]
+            if not isinstance(v, types) or isinstance(v, bool):
+                raise ValueError(f"{path}:{n}: the field {f!r} is {type(v).__name__} {str(v)[:40]!r}, expected "
+                                 f"{' or '.join(sorted({t.__name__ for t in types} - {'NoneType'}))}")
+            if f in ("options", "scan_ids", "structures", "images", "label_maps") and v and not all(isinstance(x, str) for x in v):
+                raise ValueError(f"{path}:{n}: the field {f!r} must be a list of text, and holds {str(v)[:60]!r}")
+    return records
+
+def _benchmark_input(path: str, work: Path) -> str:
+    "The benchmark at `path` checked, with every scan path absolute (read where the benchmark says), as a file in `work`."
+    from spatialvqa.core import read_records, write_jsonl
+    from spatialvqa.models import scan_root, with_root
+    recs = check_records(read_records(path), path)
+    if not recs: raise ValueError(f"{path}: no questions")
+    return str(write_jsonl(with_root(recs, scan_root(path, recs)), work / f"benchmark_{len(list(work.iterdir()))}.jsonl"))
+
+def _measured_inputs(structures: str, scans: str, work: Path) -> tuple[str, str]:
+    """The measure tables for a stage, as parquet files in `work`: from the measure stage's parquet files or from
+    `spatialvqa measure` JSON files (comma-separated), scan paths made absolute where the file that names them lies."""
+    import pandas as pd
+    from spatialvqa.core import resolve_path, write_parquet
+    from spatialvqa.measure import read_measurements
+    st_files = [p for p in str(structures).split(",") if p.strip()]
+    sc_files = [p for p in str(scans).split(",") if p.strip()]
+    if any(_is_manifest(p) for p in st_files) and not any(Path(p).exists() for p in sc_files): sc_files = []   # both from the JSON
+    st, sc = [], []
+    for f in dict.fromkeys(st_files + sc_files):
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"{f}: no such file; give --structures and --scans: the measure stage's tables "
+                                    "(spatialvqa measure MANIFEST --out DIR) or the JSON files of spatialvqa measure")
+        a, b = read_measurements([f])
+        for k in ("labels", "image"):
+            if k in b: b[k] = [str(Path(resolve_path(p, f)).resolve()) if isinstance(p, str) and p else p for p in b[k]]
+        st.append(a); sc.append(b)
+    st, sc = pd.concat(st, ignore_index=True), pd.concat(sc, ignore_index=True)
+    if not len(st): raise ValueError(f"{structures}: no structures (give the measure stage's structures.parquet or the JSON of `spatialvqa measure`)")
+    if not len(sc): raise ValueError(f"{scans}: no scans table (give the measure stage's scans.parquet, or `spatialvqa measure` JSON files)")
+    if missing := sorted(set(st["scan_id"]) - set(sc["scan_id"])):
+        raise ValueError(f"{scans}: no scan row for {len(missing)} scans of the structures (e.g. {missing[0]!r})")
+    return str(write_parquet(st, work / "structures.parquet")), str(write_parquet(sc, work / "scans.parquet"))
+
+def _score_inputs(files: list[str], work: Path) -> dict:
+    "The score stage's predictions folder, models and params file for `files`, each run under its own name."
+    import yaml
+    from spatialvqa.core import read_jsonl, write_jsonl
+    from spatialvqa.results import split_runs
+    runs: dict[str, list] = {}
+    for f in files:
+        rows = read_jsonl(f, strict=True, require=("qid",))
+        if not rows: raise ValueError(f"{f}: no predictions (the file is empty)")
+        for name, rs in split_runs(rows, Path(f).stem).items():
+            if name in runs: raise ValueError(f"{f}: a run named {name!r} is also in another file; score them apart")
+            runs[name] = rs
+    (work / "predictions").mkdir()
+    for name, rs in runs.items(): write_jsonl(rs, work / "predictions" / f"{name}.jsonl")
+    models = {name: {"circular": any("#rot" in str(r["qid"]) for r in rs)} for name, rs in runs.items()}
+    (work / "params.yaml").write_text(yaml.safe_dump({"infer": {"models": models}}))
+    return dict(predictions=str(work / "predictions"), models=",".join(runs), params_file=str(work / "params.yaml"))
+
+def _relative_paths(staged: Path, final: Path) -> None:
+    "Every JSONL benchmark written under `staged` names its scans relative to where it will lie under `final`."
+    from spatialvqa.core import read_jsonl, write_jsonl
+    from spatialvqa.models import PATH_FIELDS
+    for f in staged.rglob("*.jsonl"):
+        rows = read_jsonl(f)
+        if not any(k in r for r in rows for k in PATH_FIELDS): continue
+        base = final / f.relative_to(staged).parent
+        rel = lambda p: os.path.relpath(p, base) if isinstance(p, str) and os.path.isabs(p) else p
+        write_jsonl([{**r, **{k: [rel(p) for p in r[k]] if isinstance(r[k], list) else rel(r[k]) for k in PATH_FIELDS if k in r}}
+                     for r in rows], f)
+
+# %% ../nbs/49_cli.ipynb #634090d1
+def exec_stage(stage: str, params: dict) -> dict:
+    "Run the code cells of `nbs/stages/<stage>.ipynb` in a fresh namespace: its parameters cell, then `params`, then the rest."
+    os.environ.setdefault("MPLBACKEND", "Agg")               # figures are written to files, never shown
+    head, cells = _cells(stage)
+    ns: dict = {"__name__": f"spatialvqa_stage_{stage}"}
+    exec(compile(head, f"<{stage} stage: parameters>", "exec"), ns)
+    ns.update(params)
+    for i, src in enumerate(cells, 1): exec(compile(src, f"<{stage} stage: cell {i}>", "exec"), ns)
+    try:
+        import matplotlib.pyplot as plt
+        plt.close("all")
+    except ImportError: pass
+    return ns
+
+def read_json_list(path: Path) -> list:
+    "The JSON list in `path`, [] when the file is absent."
+    import json
+    return json.loads(path.read_text()) if path.exists() else []
+
+def _mc_scored(path: str) -> None:
+    "Table 2 is about multiple-choice questions: scores without any are a ValueError naming the file and what it holds."
+    import pandas as pd
+    if not Path(path).is_file(): raise FileNotFoundError(f"{path}: no such file; give --scores: the score command's --out folder or its scores.parquet")
+    fmt = pd.read_parquet(path, columns=["format", "task"])
+    if not (fmt["format"] == "mc").any():
+        raise ValueError(f"{path}: no multiple-choice question was scored (tasks: {', '.join(sorted(set(fmt['task']))) or 'none'}), and the "
+                         "tables are about them; validation kept none: on a small cohort the atlases answer every one, so "
+                         "filter with the answerers that learn only from the questions (validate --answerers prior,text)")
+
+def _min_scans(path: str, need: int, name: str | None = None) -> None:
+    "Cross-fitting over scans needs `need` scan families; fewer is a ValueError (naming `name`, default `path`) that says what to give instead."
+    from spatialvqa.core import read_jsonl
+    from spatialvqa.counterfactual import scan_family
+    fams = sorted({scan_family(r) for r in read_jsonl(path) if r.get("scan_id") is not None})
+    if len(fams) < need:
+        raise ValueError(f"{name or path}: the questions are about {len(fams)} scan{'s' * (len(fams) != 1)} ({', '.join(fams[:3]) or 'none'}); "
+                         f"validation cross-fits its blind answerers over scans ({need} folds: each fold answered by answerers "
+                         f"trained on the others), so it needs questions about at least {need} scans: measure and generate more "
+                         f"scans (--folds 2 is the least)")
+
+def _run_stage_command(a) -> int:
+    import shutil, tempfile
+    from spatialvqa.core import check_no_secrets, check_output
+    stage, spec = a.stage, STAGE_COMMANDS[a.stage]
+    params = {k: getattr(a, k) for k in stage_parameters(stage) if hasattr(a, k)}
+    check_no_secrets(params, f"spatialvqa {stage}")
+    out, given = Path(a.out).resolve(), dict(params)
+    with tempfile.TemporaryDirectory(prefix=f"spatialvqa-{stage}-") as w:
+        work = Path(w)
+        if b := spec.get("benchmark"): params[b] = _benchmark_input(params[b], work)
+        if n := spec.get("min_scans"): _min_scans(params[spec["benchmark"]], int(params[n]), given[spec["benchmark"]])
+        if m := spec.get("measured"): params[m[0]], params[m[1]] = _measured_inputs(params[m[0]], params[m[1]], work)
+        if stage == "score": params.update(_score_inputs(a.predictions, work))
+        if stage == "tables":
+            if Path(params["scores"]).is_dir():
+                params["circular"] = str(Path(params["scores"]) / "circular.parquet")
+                params["scores"] = str(Path(params["scores"]) / "scores.parquet")
+            _mc_scored(params["scores"])
+        if stage == "render" and not params.get("cache"): params["cache"] = str(out / ".cache")
+        if not spec.get("staged", True):                       # render: in place; what it made goes again if it fails
+            before = {p for p in out.rglob("*")} if out.exists() else None
+            params.update({k: str(out / sub) for k, sub in spec["outputs"].items()})
+            try:
+                ns = exec_stage(stage, params)
+                for rep, s in ns["summary"].items():                   # render: nothing rendered is a failure, not an output
+                    if s["questions"] and not s["rendered"]:
+                        first = (read_json_list(out / ns["representation_slug"](rep) / "rejected.json") or [{}])[0]
+                        raise ValueError(f"{given['questions']}: none of the {s['questions']} questions could be rendered as {rep}; "
+                                         f"the first, {first.get('qid')}: {first.get('error')}")
+            except BaseException:
+                if before is None: shutil.rmtree(out, ignore_errors=True)
+                else:
+                    for p in sorted(set(out.rglob("*")) - before, key=lambda p: -len(p.parts)):
+                        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                raise
+            print(f"{stage}: done -> {out}")
+            return 0
+        staged = work / "out"
+        params.update({k: str(staged / sub) for k, sub in spec["outputs"].items()})
+        exec_stage(stage, params)
+        _relative_paths(staged, out)
+        files = [p for p in sorted(staged.rglob("*")) if p.is_file()]
+        for p in files: check_output(out / p.relative_to(staged))  # nothing replaces an input or a folder
+        for p in files:
+            dest = out / p.relative_to(staged)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(p), str(dest))
+    print(f"{stage}: {len(files)} files -> {out}")
+    return 0
+
+# %% ../nbs/49_cli.ipynb #bac2dede
+def _flag_text(text: str) -> bool:
+    s = str(text).strip().lower()
+    if s in ("1", "true", "yes", "on"): return True
+    if s in ("0", "false", "no", "off"): return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+_flag_text.__name__ = "bool"
+
+def _unavailable(e: Exception) -> Callable:
+    "A command's function that can only say why it cannot run (its stage notebook is not installed)."
+    def run(a): raise e
+    return run
+
+def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
+    "Add `spatialvqa <stage>`: the stage notebook's parameters as arguments (defaults and comments shown in --help)."
+    spec = STAGE_COMMANDS[stage]
+    p = sub.add_parser(stage, help=_STAGE_HELP[stage], description=f"{_STAGE_HELP[stage]}: runs nbs/stages/{stage}.ipynb "
+                       "with these parameters (their defaults are the pipeline's); every output goes into --out.")
+    for k, (default, note) in stage_parameters(stage).items():
+        if k in spec["outputs"] or k in spec.get("hidden", ()): continue
+        default = spec.get("defaults", {}).get(k, default)
+        note = spec.get("notes", {}).get(k, note)
+        if k == spec.get("positional"):
+            p.add_argument(k, help=f"{note} (the pipeline's: {default})"); continue
+        lo, hi = spec.get("bounds", {}).get(k, (0, None))
+        kind = {bool: _flag_text, int: number(int, lo, hi), float: number(float, lo, hi)}.get(type(default), str)
+        p.add_argument("--" + k.replace("_", "-"), dest=k, type=kind, default=default, metavar=k.upper(),
+                       help=f"{note + ' ' if note else ''}(default: {default if default not in ('', None) else 'none'})")
+    if stage == "score":
+        p.add_argument("--predictions", nargs="+", required=True, help="predictions JSONL files of `spatialvqa infer`; a file "
+                       "that holds several runs (models, settings) has each scored under its own name (model or model@config)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_run_stage_command, stage=stage)
+    return p
+
 # %% ../nbs/49_cli.ipynb #ef76f228
 _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
     "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
     "spatialvqa.ctsvqa": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
                            "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
                            "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached"},
-    "spatialvqa.validate": {"validate": "filter a Track A benchmark: plausibility, near-duplicates, blind answerers",
-                            "reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
+    "spatialvqa.validate": {"reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
     "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},
     "spatialvqa.models": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
     "spatialvqa.reports": {"ctrate-download": "download CT-RATE volumes (HF token in the environment) with their metadata applied",
@@ -78,11 +389,16 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
     p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
     sub = p.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("measure", help="measure every structure of a label map (RAS+ mm) to JSON")
-    m.add_argument("labels", help="label map: NIfTI, NRRD or a DICOM series folder")
+    m = sub.add_parser("measure", help="measure every structure of a label map (RAS+ mm) to JSON, or every scan of a manifest")
+    m.add_argument("labels", help="label map: NIfTI, NRRD or a DICOM series folder; or a convert manifest (scans.json): "
+                   "every scan it lists, as the measure stage does")
     m.add_argument("--image", help="the CT image; its geometry must agree with the label map")
-    m.add_argument("--out", required=True, help="output JSON file")
+    m.add_argument("--scan-id", dest="scan_id", help="the scan's id in the JSON (default: the file name, or its folder's "
+                   "name for labels.nii.gz, seg.nii.gz ...)")
+    m.add_argument("--out", required=True, help="output JSON file (one label map); output folder (a manifest): "
+                   "structures.parquet, scans.parquet, rejected.json, summary.json")
     m.add_argument("--no-components", action="store_true", help="skip counting connected components")
+    m.add_argument("--workers", type=number(int, 0), default=None, help="a manifest: worker processes (default: all cores; 0: in process)")
     m.set_defaults(func=_measure, prefetch=("labels", "image"))
     f = sub.add_parser("fetch", help="fetch pinned external data, verifying SHA-256")
     f.add_argument("source", nargs="+", help="source names (pyradiomics, totalsegmentator, ct-spatialvqa)")
@@ -93,13 +409,19 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     f.set_defaults(func=_fetch)
     g = sub.add_parser("phantom", help="generate the procedural phantom cohort")
     g.add_argument("--out", required=True)
-    g.add_argument("-n", type=int, default=8, help="number of subjects")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workers", type=int, default=None)
+    g.add_argument("-n", type=number(int, 1, 100000), default=8, help="number of subjects (at least 1; default 8)")
+    g.add_argument("--seed", type=number(int, 0), default=0, help="cohort seed (default 0)")
+    g.add_argument("--workers", type=number(int, 0), default=None, help="worker processes (default: all cores; 0: in process)")
+    g.add_argument("--layout", choices=["cohort", "totalsegmentator"], default="cohort", help="cohort: the phantom stage's "
+                   "own (cohort.json, truth, report); totalsegmentator: sNNNN/ct.nii.gz and segmentations/<structure>.nii.gz "
+                   "(default: cohort)")
     g.set_defaults(func=_phantom)
     k = sub.add_parser("check-params", help="refuse a params file that holds a secret (run before every DVC stage)")
     k.add_argument("params", nargs="?", default="params.yaml", help="the parameters file (default: params.yaml)")
     k.set_defaults(func=_check_params)
+    for stage in STAGE_COMMANDS:         # the pipeline's steps, from their stage notebooks (read, not imported)
+        try: add_stage_command(sub, stage)
+        except FileNotFoundError as e: sub.add_parser(stage, help=_STAGE_HELP[stage]).set_defaults(func=_unavailable(e))
     # modules that bring their own subcommands
     for mod, commands in _PLUGINS.items():
         if load(mod): importlib.import_module(mod).add_cli(sub)
@@ -113,7 +435,7 @@ def parser() -> argparse.ArgumentParser:
 
 # %% ../nbs/49_cli.ipynb #84d63b7a
 _FILE_OUT = {"measure", "infer", "ctsvqa-jury", "ctsvqa-text", "report-qa", "reviews"}   # --out is a file
-_FOLDER_OUT = {"fetch", "phantom", "convert", "validate", "export", "ctrate-download", "views"}  # --out is a folder
+_FOLDER_OUT = {"fetch", "phantom", "convert", "export", "ctrate-download", "views", *STAGE_COMMANDS}  # --out is a folder
 
 def _inputs(a: argparse.Namespace) -> list[str]:
     "Every argument value but `--out` that names an existing file or folder: what the command may read."
@@ -133,7 +455,7 @@ def _check_out(a: argparse.Namespace, inputs: list[str]) -> None:
     for i in inputs:
         if p.exists() and os.path.samefile(i, p) or p.resolve() == Path(i).resolve():
             raise OutputError(f"{out}: the output is the input {i} of this command; writing it would destroy the input")
-    if a.command in _FILE_OUT: check_output(p)
+    if a.command in _FILE_OUT and not (a.command == "measure" and _is_manifest(a.labels)): check_output(p)
     elif p.exists() and not p.is_dir(): raise OutputError(f"{out}: the output must be a folder, and this is a file")
 
 def _user_error(e: BaseException) -> bool:
@@ -143,10 +465,13 @@ def _user_error(e: BaseException) -> bool:
     return isinstance(e, (OSError, ValueError, KeyError)) or type(e).__module__.startswith("spatialvqa.")
 
 def _sentence(e: BaseException) -> str:
-    if isinstance(e, KeyError) and e.args: return str(e.args[0])
     if isinstance(e, OSError) and e.filename and e.strerror:
         return f"{e.filename}: {e.strerror}" + (f" (and {e.filename2})" if e.filename2 else "")
-    return str(e) or type(e).__name__
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e) or type(e).__name__
+    if " " not in text.strip():          # a bare name (a key, a path) says nothing by itself: say what is wrong with it
+        if isinstance(e, KeyError): return f"the input has no field {text!r} (a record or table lacks it)"
+        if isinstance(e, FileNotFoundError): return f"{text}: no such file or folder"
+    return text
 
 _NO_GC = {"measure"}   # short commands whose process needs no cyclic garbage collection (see `_measure`)
 
@@ -172,10 +497,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spatialvqa {a.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        from spatialvqa.core import mask_secrets       # a URL with credentials may be in any message
         if not _user_error(e):
-            traceback.print_exc()
-            print(f"spatialvqa {a.command}: internal error: {type(e).__name__}: {e}\nThis is a bug in spatialvqa, not a fault "
-                  "of the input: please report it with the traceback above.", file=sys.stderr)
+            print(mask_secrets(traceback.format_exc()), end="", file=sys.stderr)
+            print(mask_secrets(f"spatialvqa {a.command}: internal error: {type(e).__name__}: {e}\nThis is a bug in spatialvqa, not "
+                               "a fault of the input: please report it with the traceback above."), file=sys.stderr)
             return 1
-        print(f"spatialvqa {a.command}: error: {_sentence(e)}", file=sys.stderr)
+        print(mask_secrets(f"spatialvqa {a.command}: error: {_sentence(e)}"), file=sys.stderr)
         return 2

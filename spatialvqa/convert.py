@@ -980,7 +980,8 @@ def _cli_convert(a) -> int:
     kw = {k: v for k, v in given.items() if v is not None}
     takes = inspect.signature(CONVERTERS[a.dataset]).parameters
     if bad := [_FLAGS[k] for k in kw if k not in takes]: raise ValueError(f"convert {a.dataset}: {', '.join(bad)} does not apply to this dataset")
-    recs = convert(a.dataset, a.src, a.out, workers=a.workers, **kw)
+    # absolute paths in the manifest: it is read from any folder (a relative one would be relative to this cwd)
+    recs = convert(a.dataset, Path(a.src).resolve(), Path(a.out).resolve(), workers=a.workers, **kw)
     return 0 if recs else 1
 
 def add_cli(subparsers) -> argparse.ArgumentParser:

@@ -29,12 +29,12 @@ import numpy as np
 # `spatialvqa measure` imports this module and needs neither (about 0.05 s of its start-up)
 
 # %% auto #0
-__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'flag', 'SecretOptionError',
-           'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger', 'progress', 'OutputError',
-           'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl',
-           'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file', 'Outcome', 'parallel_map',
-           'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes',
-           'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
+__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'resolve_path', 'flag',
+           'number', 'SecretOptionError', 'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger',
+           'progress', 'OutputError', 'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json',
+           'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file',
+           'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure',
+           'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -75,6 +75,19 @@ def shared_data(*parts: str, root: str | os.PathLike | None = None) -> Path:
     if not p.exists(): raise FileNotFoundError(f"{p} is missing from the shared data folder {shared}")
     return p
 
+# %% ../nbs/00_core.ipynb #f6b2794b
+def resolve_path(path: str | os.PathLike, named_in: str | os.PathLike) -> str:
+    """Where the relative `path`, written in the file `named_in`, is: under that file's folder, else under the nearest
+    folder above it with `dvc.yaml` or `params.yaml`; a path found in neither is taken under the file's folder (a later
+    error then names where it was looked for). Absolute paths are returned as they are."""
+    p = Path(path)
+    if p.is_absolute(): return str(p)
+    here = Path(named_in).resolve().parent
+    bases = [here, *[d for d in here.parents if (d / "dvc.yaml").exists() or (d / "params.yaml").exists()][:1]]
+    found = next((d / p for d in bases if (d / p).exists()), here / p)
+    try: return str(found.relative_to(Path.cwd().resolve()))
+    except ValueError: return str(found)
+
 # %% ../nbs/00_core.ipynb #b2071a9e
 def flag(value) -> bool:
     "A boolean from a bool, 0/1 or the strings true/false/yes/no/on/off (any case)."
@@ -84,11 +97,37 @@ def flag(value) -> bool:
     if s in ("0", "false", "no", "off", "", "none"): return False
     raise ValueError(f"not a boolean: {value!r}")
 
+# %% ../nbs/00_core.ipynb #00a505d3
+def number(kind: type = int, lo: float | None = None, hi: float | None = None) -> Callable[[str], int | float]:
+    "An argparse `type`: `kind(text)`, refused (argparse's status 2 and one sentence) unless finite and within [lo, hi]."
+    import argparse
+    def parse(text: str):
+        try: v = kind(text)
+        except ValueError: raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+        if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"from {lo:g} to {hi:g}" if lo is not None and hi is not None else f"at least {lo:g}" if lo is not None else f"at most {hi:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be {rng}")
+        return v
+    parse.__name__ = kind.__name__      # argparse names the type in its messages
+    return parse
+
 # %% ../nbs/00_core.ipynb #f38e65b5
 class SecretOptionError(ValueError):
     "A config that holds a secret (an API key, token or password) instead of naming its environment variable."
 
-_SECRET_NAME = re.compile(r"(^|_)(api_?key|access_?key|secret_?key|key|token|secret|password|passwd)$")
+_SECRET_NAME = re.compile(r"(^|_)(api_?key|access_?key|secret_?key|key|token|secret|password|passwd|authorization|auth|cookie|credentials?)$")
+# credentials inside a value: a URL's user:password@, a secret query parameter (?key=..., &access_token=...), a header value
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@'\"<>]+@")
+_SECRET_QUERY = re.compile(r"(?i)([?&;](?:[\w.-]*[_.-])?(?:key|token|secret|password|passwd|sig|signature|auth)=)[^&#\s'\"<>]+")
+_AUTH_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|x-api-key|x-goog-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)"
+                          r"(?:(bearer|basic|token|digest)\s+)?([^\s'\",;}]+)")
+
+def _secret_value(v: str) -> str | None:
+    "What makes the text `v` a secret (credentials in a URL, a secret query parameter, an authorization header), else None."
+    if _URL_USERINFO.search(v): return "a URL with credentials (user:password@)"
+    if _SECRET_QUERY.search(v): return "a URL with a secret query parameter (key=...)"
+    if _AUTH_HEADER.search(v) or re.match(r"(?i)\s*(bearer|basic)\s+\S{8,}", v): return "an authorization header"
+    return None
 
 def _secret_name(key) -> bool:
     k = re.sub(r"[^a-z0-9]+", "_", str(key).lower()).strip("_")
@@ -107,10 +146,15 @@ def check_no_secrets(config, where: str = "config"):
                 walk(v, p)
         elif isinstance(o, (list, tuple)):
             for i, v in enumerate(o): walk(v, f"{path}[{i}]")
-        elif isinstance(o, str) and o.lstrip().startswith("{"):   # a config given as JSON text (validate.llm)
-            try: inner = json.loads(o)
-            except ValueError: return
-            walk(inner, path)
+        elif isinstance(o, str):
+            if o.lstrip().startswith("{"):                          # a config given as JSON text (validate.llm)
+                try: inner = json.loads(o)
+                except ValueError: inner = None
+                if isinstance(inner, (Mapping, list)): return walk(inner, path)
+            if why := _secret_value(o):
+                raise SecretOptionError(f"{path}: {why} is not accepted in a config (it would be stored in dvc.lock, the "
+                                        f"executed notebooks and logs); give the server's URL without credentials and put the "
+                                        f"key in an environment variable named with `api_key_env` (e.g. api_key_env: OPENAI_API_KEY)")
     walk(config, where)
     return config
 
@@ -119,9 +163,13 @@ _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 def mask_secrets(text, extra: Iterable[str | None] = ()) -> str:
     """`text` with every secret replaced by `***`: the values (8 characters or more) of environment variables whose names
     contain KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, and the strings of `extra`. A secret cut short (a server's
-    answer truncated for a message) is masked too, from its first 8 characters on."""
+    answer truncated for a message) is masked too, from its first 8 characters on. Credentials in the text itself are
+    masked whatever their value: a URL's `user:password@`, a secret query parameter (`key=`, `access_token=` ...) and
+    the value of an `Authorization` (or `X-Api-Key`) header."""
     if text is None: return text
-    text = str(text)
+    text = _URL_USERINFO.sub(r"\1***@", str(text))
+    text = _SECRET_QUERY.sub(r"\1***", text)
+    text = _AUTH_HEADER.sub(lambda m: m.group(1) + m.group(2) + (m.group(3) + " " if m.group(3) else "") + "***", text)
     secrets = {v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8} | {s for s in extra if s and len(s) >= 4}
     for s in sorted(secrets, key=len, reverse=True):
         text = text.replace(s, "***")
@@ -142,11 +190,19 @@ def check_params_file(path: str | os.PathLike = "params.yaml") -> dict:
     except SecretOptionError as e: raise SecretOptionError(f"{path}: {e}") from None
 
 # %% ../nbs/00_core.ipynb #16578eff
+def _mask_record(record: logging.LogRecord) -> bool:
+    "A log filter: the record's message with `mask_secrets` applied (a URL or an error may carry a key)."
+    msg = record.getMessage()
+    masked = mask_secrets(msg)
+    if masked != msg: record.msg, record.args = masked, ()
+    return True
+
 def get_logger(name: str = "spatialvqa") -> logging.Logger:
     "A logger writing `time level name: message` to stderr, configured once."
     root = logging.getLogger("spatialvqa")
     if not root.handlers:
         h = logging.StreamHandler(sys.stderr)
+        h.addFilter(_mask_record)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         root.addHandler(h)
         root.setLevel(os.environ.get("SPATIALVQA_LOG", "INFO"))

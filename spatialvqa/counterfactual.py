@@ -602,8 +602,11 @@ def split_copies(structures: pd.DataFrame, scans: pd.DataFrame) -> tuple[pd.Data
     copy = np.array([is_copy_row(r) for _, r in scans.iterrows()], dtype=bool) if len(scans) else np.zeros(0, bool)
     ids = set(scans.loc[copy, "scan_id"].astype(str)) if len(scans) else set()
     in_copy = structures["scan_id"].astype(str).isin(ids)
+    copies = scans[copy].reset_index(drop=True)
+    for c in ("original", "counterfactual"):            # a cohort without copies still has the copies' columns
+        if c not in copies: copies[c] = pd.Series(dtype=object)
     return (structures[~in_copy].reset_index(drop=True), scans[~copy].reset_index(drop=True),
-            structures[in_copy].reset_index(drop=True), scans[copy].reset_index(drop=True))
+            structures[in_copy].reset_index(drop=True), copies)
 
 # %% ../nbs/23_counterfactual.ipynb #b2235d8f
 _MIDLINE_MM = 20.0     # unpaired structures whose centroid lies farther than this from the mirror plane change sides

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import append_jsonl, atomic_write, get_logger, progress, project_root, read_jsonl, stable_hash, write_json, write_jsonl
+from .core import append_jsonl, atomic_write, get_logger, mask_secrets, progress, project_root, read_jsonl, stable_hash, write_json, write_jsonl
 from .embed import sbert_embed, sbert_missing
 from .reports import JUDGE_ORDER, ctsvqa_model_name, read_ctsvqa_judgments
 from .stats import bootstrap_cis, cluster_labels, cross_fit, percentile_interval, resampled_sums, with_ci
@@ -30,10 +30,10 @@ from .stats import bootstrap_cis, cluster_labels, cross_fit, percentile_interval
 __all__ = ['JURY_THRESHOLD', 'TEXT_METRICS', 'BLEU_STATS', 'ITEM_METRICS', 'CLUSTERS', 'AUX_VERBS', 'QUESTION_TERMS',
            'PRIOR_LEVELS', 'BLIND_SYSTEM', 'NEGATIONS', 'PROXY_METRICS', 'JUDGE_SYSTEM', 'JUDGE_PROMPT',
            'JUDGE_MAX_TOKENS', 'jury_average', 'judgment_key', 'JuryResult', 'jury_accuracy', 'judges_of', 'flipped',
-           'correctness_matrix', 'read_correctness_matrix', 'write_correctness_matrix', 'category_accuracy',
-           'normalise_answer', 'exact_match', 'text_pairs', 'bleu_corpus', 'rouge_items', 'bleu_stats',
-           'bleu_from_stats', 'nltk_data_dirs', 'ensure_nltk_path', 'wordnet_missing', 'meteor_items', 'sbert_items',
-           'text_metric_items', 'text_summary', 'text_metrics', 'compare', 'save_table', 'markdown_note',
+           'check_alignment', 'correctness_matrix', 'read_correctness_matrix', 'write_correctness_matrix',
+           'category_accuracy', 'normalise_answer', 'exact_match', 'text_pairs', 'bleu_corpus', 'rouge_items',
+           'bleu_stats', 'bleu_from_stats', 'nltk_data_dirs', 'ensure_nltk_path', 'wordnet_missing', 'meteor_items',
+           'sbert_items', 'text_metric_items', 'text_summary', 'text_metrics', 'compare', 'save_table', 'markdown_note',
            'ctrate_patient', 'question_clusters', 'category_accuracy_ci', 'text_metrics_ci', 'patient_of',
            'question_lead', 'question_terms', 'question_keys', 'AnswerPrior', 'blind_llm_answers', 'blind_baselines',
            'answer_polarity', 'answer_side', 'is_yes_no_question', 'answer_facet', 'facet_correct', 'facet_table',
@@ -128,8 +128,8 @@ def jury_accuracy(predictions: Sequence[dict], judgments: Sequence[Sequence[dict
     items = pd.DataFrame(rows, columns=["qid", "row", "votes", "n_votes", "average", "correct"])
     acc = float(items["correct"].mean()) if len(items) else float("nan")
     if dropped or unmatched:
-        get_logger(__name__).info("%s (%s join): %d predictions without verdicts, %d verdicts without predictions",
-                                  model or "model", align, dropped, unmatched)
+        get_logger(__name__).warning("%s (%s join): %d predictions without verdicts, %d verdicts without predictions",
+                                     model or "model", align, dropped, unmatched)
     return JuryResult(model, align, len(items), acc, int(mis), dropped, unmatched, items)
 
 # %% ../nbs/31_ctsvqa.ipynb #a0b76db5
@@ -145,6 +145,29 @@ def flipped(a: JuryResult, b: JuryResult) -> int:
     x, y = a.items.set_index("qid")["correct"], b.items.set_index("qid")["correct"]
     common = x.index.intersection(y.index)
     return int((x[common] != y[common]).sum())
+
+# %% ../nbs/31_ctsvqa.ipynb #2f19f0b0
+def check_alignment(predictions: Sequence[dict], judgments: Sequence[Sequence[dict]], align: str = "key",
+                    min_match: float = 0.95, source: str = "the predictions") -> int:
+    """The number of `predictions` that have a verdict; a ValueError (naming `source` and the counts) when the jury
+    would not be about them: under `published`, predictions that are not the ones the judges judged; under `key`, fewer
+    than `min_match` of them with a verdict."""
+    keys = [judgment_key(p) for p in predictions]
+    judged = set().union(*({judgment_key(v) for v in j} for j in judgments)) if judgments else set()
+    matched = sum(k in judged for k in keys)
+    if align == "published":
+        have = Counter(keys)
+        inside = min((sum((Counter(judgment_key(v) for v in j) & have).values()), len(j)) for j in judgments) if judgments else (0, 0)
+        longest = max((len(j) for j in judgments), default=0)
+        if inside[0] < inside[1] or len(keys) != longest:
+            raise ValueError(f"{source}: not the predictions these judges judged ({inside[0]} of a judge's {inside[1]} verdicts are "
+                             f"about its {len(keys)} rows, and the longest judge file has {longest}); the published alignment "
+                             f"(by row position) applies only to the release's own predictions of the model: use --align key")
+    elif len(keys) and matched < min_match * len(keys):
+        raise ValueError(f"{source}: only {matched} of its {len(keys)} predictions ({100 * matched / len(keys):.1f}%) have a "
+                         f"verdict in the judges' files, fewer than the {100 * min_match:g}% required: the judges judged other "
+                         f"predictions (another model's?); give the verdicts on these predictions, or lower --min-match")
+    return matched
 
 # %% ../nbs/31_ctsvqa.ipynb #f7b688bb
 def correctness_matrix(results: dict[str, JuryResult]) -> pd.DataFrame:
@@ -672,7 +695,7 @@ def parse_verdict(text: str | None) -> dict:
 # %% ../nbs/31_ctsvqa.ipynb #76e6c556
 def judge_name(llm) -> str:
     "How a judge is named in the outputs: its label, else backend:model."
-    return str(getattr(llm, "name", None) or f"{getattr(llm, 'backend', '?')}:{getattr(llm, 'model', '?')}")
+    return mask_secrets(str(getattr(llm, "name", None) or f"{getattr(llm, 'backend', '?')}:{getattr(llm, 'model', '?')}"))
 
 def _judge_row_key(llm, prompt: str) -> str:
     return stable_hash([getattr(llm, "backend", type(llm).__name__), getattr(llm, "model", judge_name(llm)), JUDGE_SYSTEM, prompt], n=16)
@@ -891,16 +914,27 @@ def _read_judgments(path) -> list[dict]:
         if "not a judge verdict file name" not in str(e): raise
         return read_ctsvqa_judgments(path, model="?", judge=Path(path).stem)
 
+def _texts(rows: Sequence[dict], path, fields=("question", "answer", "prediction")) -> list[dict]:
+    "`rows` when each of `fields` it has is text (or null); else a ValueError naming the file, the row and the field."
+    for n, r in enumerate(rows):
+        for f in fields:
+            if f in r and r[f] is not None and not isinstance(r[f], str):
+                raise ValueError(f"{path}: row {n}: the field {f!r} is {type(r[f]).__name__} {r[f]!r}, not text")
+    return list(rows)
+
 def _predictions(path, fields) -> list[dict]:
-    "The prediction rows of `path`, each with `fields`; an empty file is an error (there is nothing to score)."
-    preds = read_jsonl(path, strict=True, require=fields)
+    "The prediction rows of `path`, each with `fields` (text); an empty file is an error (there is nothing to score)."
+    preds = _texts(read_jsonl(path, strict=True, require=fields), path)
     if not preds: raise ValueError(f"{path}: no predictions (the file is empty)")
     return preds
 
 def _cli_jury(a) -> int:
     if not 0.0 <= a.threshold <= 1.0: raise ValueError(f"--threshold {a.threshold}: must be a number from 0 to 1")
+    if not 0.0 < a.min_match <= 1.0: raise ValueError(f"--min-match {a.min_match}: must be a share above 0 and at most 1")
     preds = _predictions(a.predictions, ("question", "answer", "prediction"))
-    res = jury_accuracy(preds, [_read_judgments(j) for j in a.judgments], a.align, _model_of(a), a.threshold)
+    judgments = [_texts(_read_judgments(j), j) for j in a.judgments]
+    check_alignment(preds, judgments, a.align, a.min_match, str(a.predictions))
+    res = jury_accuracy(preds, judgments, a.align, _model_of(a), a.threshold)
     write_json(res.summary(), a.out)
     get_logger("cli").info("%s (%s join): jury accuracy %.4f over %d questions, %d misattributed verdicts -> %s",
                            res.model, a.align, res.jury_accuracy, res.count, res.misattributed, a.out)
@@ -922,6 +956,10 @@ def _judge_items(a) -> list[dict]:
             raise ValueError(f"{a.predictions}: row {i} has no question and answer (and no qid/raw of `spatialvqa infer`)")
     if all("qid" in r for r in rows):
         return [dict(qid=str(r["qid"]), question=r["question"], answer=r["answer"], prediction=r.get("prediction") or "") for r in rows]
+    if not a.benchmark and not any(r.get("case_id") or r.get("image_path") for r in rows):
+        # rows that carry their question, answer and prediction and name no volume: judged as they are, by row number
+        return [dict(qid=str(r.get("qid", i)), question=r["question"], answer=r["answer"], prediction=r.get("prediction") or "")
+                for i, r in enumerate(rows)]
     from spatialvqa.reports import ctsvqa_release, find_ctsvqa_release, read_ctsvqa_predictions, read_ctsvqa_questions
     if a.benchmark:
         qs = [dict(r, volume=r.get("ct_rate_volume") or r.get("volume")) for r in read_jsonl(a.benchmark, strict=True)]
@@ -941,6 +979,7 @@ def make_judge(spec: str, cache: str | os.PathLike | None = None, cache_mode: st
 
 def _cli_judge(a) -> int:
     items = _judge_items(a)
+    if not items: raise ValueError(f"{a.predictions}: no row to judge (every row was set aside: see the warning above)")
     if a.limit: items = items[:a.limit]
     out = Path(a.out)
     cache = a.cache or out.with_name(out.stem + ".llm_cache.jsonl")
@@ -977,6 +1016,8 @@ def add_cli(subparsers) -> None:
     j.add_argument("--align", choices=["published", "key"], default="key",
                    help="join verdicts to predictions by row position as published, or by (question, answer, prediction)")
     j.add_argument("--threshold", type=float, default=JURY_THRESHOLD, help="jury average that counts as correct")
+    j.add_argument("--min-match", dest="min_match", type=float, default=0.95,
+                   help="--align key: the share of predictions that must find a verdict (default 0.95); fewer is an error")
     j.add_argument("--model", default=None, help="model name (default: from the predictions file name)")
     j.add_argument("--out", required=True, help="output JSON: model, count, jury_accuracy, misattributed")
     j.set_defaults(func=_cli_jury)

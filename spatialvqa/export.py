@@ -13,6 +13,7 @@ import base64
 import importlib.util
 import inspect
 import json
+import re
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .core import atomic_write, check_output, dumps, get_logger, read_jsonl, read_records, write_jsonl
+from .core import atomic_write, check_output, dumps, get_logger, read_json, read_jsonl, read_records, resolve_path, write_jsonl
 from . import parse, prompt, stats
 from .prompt import build_prompt
 from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, markdown_table
@@ -35,7 +36,8 @@ __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE',
            'DEFAULT_VIEWS', 'read_views', 'export_frame', 'write_dataset_parquet', 'export_jsonl_parquet',
            'letter_counts', 'licence_text', 'dataset_card', 'write_dataset_card', 'module_statements',
            'lmms_utils_source', 'vlmevalkit_scorer_source', 'lmms_yaml', 'export_lmms_eval', 'load_utils',
-           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'add_cli']
+           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'check_name', 'read_scan_table',
+           'source_licences', 'add_cli']
 
 # %% ../nbs/46_export.ipynb #22470be8
 NAME = "spatialvqa_trackA"
@@ -48,12 +50,13 @@ _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])      # the a
 
 def read_views(index: str | os.PathLike, root: str | os.PathLike | None = None) -> dict[str, list[Path]]:
     """qid -> the rendered view files a render stage's `index.jsonl` lists (`data/views/<representation>/index.jsonl`),
-    in the order a model sees them. The index names its files relative to the repository root (`root`, default: the
-    current directory); a listed file that is not there is a FileNotFoundError naming it and the index."""
-    root = Path.cwd() if root is None else Path(root)
+    in the order a model sees them. Relative file names are read under `root` when given, else where the index lies
+    (its folder, else the project that holds it: `core.resolve_path`); a listed file that is not there is a
+    FileNotFoundError naming it and the index."""
     out = {}
     for row in read_records(index):
-        files = [Path(f) if Path(f).is_absolute() else root / f for f in row.get("files") or []]
+        files = [Path(f) if Path(f).is_absolute() else Path(root) / f if root is not None else Path(resolve_path(f, index))
+                 for f in row.get("files") or []]
         for f in files:
             if not f.is_file(): raise FileNotFoundError(f"{index}: view {f} of {row['qid']} does not exist (run the render stage)")
         out[str(row["qid"])] = files
@@ -555,12 +558,59 @@ def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[s
 
 DEFAULT_VIEWS = "data/views/three_views/index.jsonl"
 
+def check_name(name: str) -> str:
+    "`name` when it is a plain file stem (letters, digits, '.', '_', '-'; no folder, no '..'); else a ValueError."
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(name)) or ".." in str(name):
+        raise ValueError(f"--name {name!r}: must be a plain file name (letters, digits, '.', '_', '-'), not a path: "
+                         "every file goes into --out")
+    return str(name)
+
+def read_scan_table(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """The scans of the convert manifests (`scans.json`: a list of scans with `scan_id`, `source`, `licence`) and of
+    the measure stage's `scans.parquet` tables in `paths`, as one table."""
+    frames = []
+    for p in paths:
+        if str(p).endswith(".parquet"): frames.append(pd.read_parquet(p))
+        else:
+            data = read_json(p)
+            if not isinstance(data, list) or not all(isinstance(r, dict) and "scan_id" in r for r in data):
+                raise ValueError(f"{p}: not a scans manifest (a list of scans, each with a scan_id)")
+            frames.append(pd.DataFrame(data))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["scan_id", "source", "licence"])
+
+def source_licences(records: Sequence[dict], scans: pd.DataFrame, licences: Mapping[str, str] | None = None,
+                    where: str = "the scans table") -> dict[str, str]:
+    """source -> "N scans; licence" for the scans `records` ask about: the licence the convert stage recorded for the
+    source's scans (`licence` in `scans`), else the one `licences` gives for the source. A counterfactual copy
+    (`<source>+mirror`) keeps its original source's licence. A source with neither is a ValueError naming it."""
+    licences = dict(licences or {})
+    used = {s for r in records for s in (r.get("scan_ids") or [r.get("scan_id")])}
+    known = scans[scans["scan_id"].isin(used)] if len(scans) else scans
+    by_scan = dict(zip(known["scan_id"], known["source"] if "source" in known else [None] * len(known)))
+    src = pd.Series([by_scan.get(s) or next((r.get("source") for r in records if s in (r.get("scan_ids") or [r.get("scan_id")])
+                                                  and r.get("source")), None) or "phantom" for s in sorted(used)], index=sorted(used))
+    lic = pd.Series(dict(zip(known["scan_id"], known["licence"])) if "licence" in known else {}, dtype=object).reindex(src.index)
+    out = {}
+    for s in sorted(src.unique()):
+        base = s.split("+")[0]       # a counterfactual copy (<source>+<kind>) is its original source's data, same licence
+        names = (sorted({str(x) for x in lic[src == s].dropna()}) or sorted({str(x) for x in lic[src == base].dropna()})
+                 or [str(licences.get(s, licences.get(base, "")))])
+        if not any(names): raise ValueError(f"{where}: source {s!r} has no licence; give the convert manifest that records it "
+                                            f"(--scans .../scans.json) or --licence {s}=TEXT")
+        out[s] = f"{int((src == s).sum())} scans; {', '.join(names)}"
+    return out
+
 def _cli_export(a) -> int:
+    check_name(a.name)
     recs = read_records(a.benchmark)
     if not recs: raise ValueError(f"{a.benchmark}: no questions")
     for f in (f"{a.name}.jsonl", f"{a.name}.parquet"): check_output(Path(a.out) / f)     # refused outputs before any reading
+    given = dict(x.split("=", 1) for x in a.licence or [] if "=" in x)
+    if bad := [x for x in a.licence or [] if "=" not in x]: raise ValueError(f"--licence {bad[0]!r}: expected SOURCE=TEXT")
     views = read_views(a.views, a.root)
-    for k, p in export_all(recs, a.out, views, a.name, absolute=a.absolute).items(): print(f"{k}\t{p}")
+    sources = source_licences(recs, read_scan_table(a.scans or []), given,
+                              where=", ".join(map(str, a.scans)) if a.scans else f"{a.benchmark} (no --scans given)")
+    for k, p in export_all(recs, a.out, views, a.name, sources=sources, absolute=a.absolute).items(): print(f"{k}\t{p}")
     return 0
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -569,8 +619,13 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("benchmark", help="benchmark JSONL (e.g. data/benchmark/validated.jsonl)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--views", default=DEFAULT_VIEWS, help=f"the render stage's index of the views (default {DEFAULT_VIEWS})")
-    p.add_argument("--root", default=None, help="folder the index's file paths are relative to (default: the current one)")
-    p.add_argument("--name", default=NAME, help=f"file stem (default {NAME})")
+    p.add_argument("--root", default=None, help="folder the index's file paths are relative to (default: the index's folder, "
+                   "else the project that holds it)")
+    p.add_argument("--scans", nargs="+", help="the convert manifests (scans.json) or measure's scans.parquet that record "
+                   "every scan's source and licence (the card and LICENSE.md carry them)")
+    p.add_argument("--licence", action="append", metavar="SOURCE=TEXT", help="the licence of a source's scans where no "
+                   "manifest records it (repeatable)")
+    p.add_argument("--name", default=NAME, help=f"file stem of the exported files, a plain name (default {NAME})")
     p.add_argument("--absolute", action="store_true", help="point the lmms-eval task at the parquet by absolute path (lmms-eval < 0.7.3)")
     p.set_defaults(func=_cli_export)
     return p

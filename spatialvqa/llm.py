@@ -567,7 +567,8 @@ def parse_llm_spec(spec: str) -> dict | None:
     if not sep or not rest: raise ValueError(f"LLM spec {spec!r}: expected 'backend:model', e.g. 'gemini:gemini-2.5-flash'")
     backend = backend.lower()
     if backend == "replay": return {"backend": "replay", "cache": rest}
-    model, at, url = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    if m := re.match(r"(.*?)@([a-z][a-z0-9+.-]*://.*)$", rest, re.I): model, at, url = m.group(1), "@", m.group(2)  # the URL may hold an @ itself
+    else: model, at, url = rest.rpartition("@") if "@" in rest else (rest, "", "")
     return {"backend": backend, "model": model, **({"base_url": url} if at else {})}
 
 def make_llm(config: Mapping | str | None) -> LLM | None:

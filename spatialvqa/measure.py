@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from .anatomy import label_name
-from .core import get_logger, parallel_map, read_json
+from .core import get_logger, parallel_map, read_json, resolve_path
 from .scan import Scan, Volume, read_scan
 
 # %% auto #0
-__all__ = ['Structure', 'measure_labels', 'structures_table', 'bbox_center_distance', 'centroid_distance', 'offset', 'direction',
-           'boundary_voxels', 'surface_distance', 'pairs_table', 'scan_info', 'measure_scan', 'measure_file',
-           'measure_manifests']
+__all__ = ['STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'measure_labels', 'structures_table', 'bbox_center_distance',
+           'centroid_distance', 'offset', 'direction', 'boundary_voxels', 'surface_distance', 'pairs_table',
+           'scan_info', 'measure_scan', 'measure_file', 'structure_rows', 'measure_manifests', 'read_measurements']
 
 # %% ../nbs/15_measure.ipynb #d62ae325
 _AXES = ("lr", "ap", "si")
@@ -509,17 +509,27 @@ def _measure_record(rec: dict, components: bool = True, connectivity: int = 26) 
     info["structures"] = len(ss)
     return info, [s.to_dict() for s in ss]
 
-def _resolve(rec: dict, folder: Path) -> dict:
-    "Relative paths that do not exist from the working directory are taken relative to the manifest."
+def _resolve(rec: dict, manifest: Path) -> dict:
+    "Relative paths are read under the manifest's folder, else under the project that holds it (`core.resolve_path`)."
     rec = dict(rec)
     for k in ("labels", "image"):
-        p = rec.get(k)
-        if p and not Path(p).is_absolute() and not Path(p).exists() and (folder / p).exists(): rec[k] = str(folder / p)
+        if rec.get(k): rec[k] = resolve_path(rec[k], manifest)
     return rec
 
 class _Measure:  # picklable for worker processes
     def __init__(self, components, connectivity): self.components, self.connectivity = components, connectivity
     def __call__(self, rec): return _measure_record(rec, self.components, self.connectivity)
+
+def structure_rows(info: Mapping, structs: Sequence[Mapping]) -> list[dict]:
+    "The structures table's rows of one measured scan (`info`: its `scan_info`; `structs`: its structure records)."
+    rows = []
+    for s in structs:
+        (x, y, z), (lo, hi) = s["centroid_ras_mm"], s["bbox_ras_mm"]
+        rows.append({"scan_id": info["scan_id"], "source": info.get("source"), "label": s["label"], "name": s["name"], "voxels": s["voxels"],
+                     "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
+                     **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
+                     **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})
+    return rows
 
 def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike], components: bool = True,
                       connectivity: int = 26, workers: int | None = None, scheduler: str | None = None
@@ -532,7 +542,7 @@ def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]
     if isinstance(manifests, (str, os.PathLike)): manifests = [manifests]
     recs = []
     for m in manifests:
-        for r in read_json(m): recs.append(_resolve(r, Path(m).parent))
+        for r in read_json(m): recs.append(_resolve(r, Path(m)))
     ids = [r.get("scan_id") for r in recs]
     dup = sorted({i for i in ids if ids.count(i) > 1 and i is not None})
     if dup: raise ValueError(f"duplicate scan_id in manifests: {', '.join(map(str, dup))}")
@@ -544,11 +554,41 @@ def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]
             continue
         info, structs = o.value
         scans.append(info)
-        for s in structs:
-            (x, y, z), (lo, hi) = s["centroid_ras_mm"], s["bbox_ras_mm"]
-            rows.append({"scan_id": info["scan_id"], "source": info.get("source"), "label": s["label"], "name": s["name"], "voxels": s["voxels"],
-                         "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
-                         **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
-                         **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})
+        rows += structure_rows(info, structs)
     if rejected: get_logger(__name__).warning("%d of %d scans rejected", len(rejected), len(recs))
     return pd.DataFrame(rows), pd.DataFrame(scans), rejected
+
+# %% ../nbs/15_measure.ipynb #ccebc5c8
+STRUCTURE_COLUMNS = ("scan_id", "label", "name", "voxels", "volume_ml", "centroid_x", "centroid_y", "centroid_z")
+SCAN_COLUMNS = ("scan_id", "labels", "shape", "spacing", "affine")
+
+def read_measurements(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """(structures, scans) of measure outputs: `spatialvqa measure`'s JSON files (one scan each, `{scan, structures}`)
+    and the measure stage's `structures.parquet` / `scans.parquet` (a parquet file is either, by its columns). A file
+    that is neither is a ValueError naming it and what it lacks."""
+    import pandas as pd
+    if isinstance(paths, (str, os.PathLike)): paths = [paths]
+    structures, scans = [], []
+    for p in paths:
+        if str(p).endswith(".parquet"):
+            t = pd.read_parquet(p)
+            kind = next((k for k, cols in (("scans", SCAN_COLUMNS), ("structures", STRUCTURE_COLUMNS)) if set(cols) <= set(t.columns)), None)
+            if kind is None:
+                lack = lambda cols: ", ".join(repr(c) for c in cols if c not in t.columns)
+                raise ValueError(f"{p}: not a table of the measure stage: neither a scans table (it lacks {lack(SCAN_COLUMNS)}) "
+                                 f"nor a structures table (it lacks {lack(STRUCTURE_COLUMNS)})")
+            (scans if kind == "scans" else structures).append(t)
+            continue
+        res = read_json(p)
+        if not (isinstance(res, Mapping) and isinstance(res.get("scan"), Mapping) and isinstance(res.get("structures"), list)):
+            raise ValueError(f"{p}: not the output of `spatialvqa measure` (a JSON object with 'scan' and 'structures')")
+        if miss := [c for c in SCAN_COLUMNS if c not in res["scan"]]:
+            raise ValueError(f"{p}: its 'scan' has no {miss[0]!r}: not the output of `spatialvqa measure`")
+        structures.append(pd.DataFrame(structure_rows(res["scan"], res["structures"])))
+        scans.append(pd.DataFrame([dict(res["scan"], structures=len(res["structures"]))]))
+    cat = lambda fs: pd.concat(fs, ignore_index=True) if fs else pd.DataFrame()
+    st, sc = cat(structures), cat(scans)
+    for t, what in ((st, "structures"), (sc, "scans")):
+        if len(t) and (dup := t.drop_duplicates(["scan_id", "label"] if what == "structures" else ["scan_id"]).shape[0]) != len(t):
+            raise ValueError(f"{', '.join(map(str, paths))}: {len(t) - dup} {what} rows repeat a scan_id: two measurements of one scan id")
+    return st, sc

@@ -25,20 +25,21 @@ from typing import Any, Protocol, runtime_checkable
 
 
 from .core import (OutputError, append_jsonl, check_no_secrets, check_output, get_logger, mask_secrets, progress,
-                             read_jsonl, read_records, stable_hash, thread_map, write_jsonl)
+                             read_jsonl, read_records, resolve_path, stable_hash, thread_map, write_jsonl)
 from .prompt import build_prompt
 from .questions import LETTERS, with_rotations
 
 log = get_logger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'ModelInput', 'Adapter',
-           'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
+__all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICTION_FIELDS', 'PATH_FIELDS', 'ModelInput',
+           'Adapter', 'PredictionError', 'plugin_modules', 'register', 'BaseAdapter', 'make_adapter', 'hashed_config',
            'RandomAdapter', 'PriorAdapter', 'BlindTextAdapter', 'AtlasAdapter', 'TextbookAdapter',
            'SubjectAtlasAdapter', 'NameCueAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter', 'GeminiAdapter',
            'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact', 'lock_path',
-           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'infer', 'add_cli',
-           'free_text_config', 'ReportOracleAdapter', 'AnswerPriorAdapter', 'VolumeSideAdapter']
+           'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'scan_root', 'with_root',
+           'representation_of', 'infer', 'RunFailedError', 'add_cli', 'free_text_config', 'ReportOracleAdapter',
+           'AnswerPriorAdapter', 'VolumeSideAdapter']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -85,6 +86,9 @@ class BaseAdapter:
     the runner calls once with the whole benchmark before the first batch."""
     kind = "base"
     runtime: tuple[str, ...] = ()        # config keys that do not change the answers (left out of the key hash)
+    # what the model is shown when its run names no representation: "none" (blind); a model that reads images sets
+    # None (its run must name one) or its own preset ("volume:m3d")
+    default_representation: str | None = "none"
 
     def __init__(self, **config):
         self.config = dict(config)
@@ -291,6 +295,7 @@ def _openai_backend():
 class OpenAIAdapter(BaseAdapter):
     "A VLM behind an OpenAI-compatible chat-completions server (vLLM, SGLang, Ollama); keys from `api_key_env`."
     runtime = _REMOTE_RUNTIME
+    default_representation = None          # a run names what it is shown (`none` for a text-only model)
 
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", max_tokens: int = 64, temperature: float = 0.0,
                  system: str | None = None, api_key_env: str | None = "OPENAI_API_KEY", timeout: float = 120.0,
@@ -330,6 +335,7 @@ def _gemini_backend():
 class GeminiAdapter(BaseAdapter):
     "A Gemini model through google-genai; the key from GEMINI_API_KEY / GOOGLE_API_KEY (or `api_key_env`)."
     runtime = _REMOTE_RUNTIME + ("client",)
+    default_representation = None
 
     def __init__(self, model: str = "gemini-2.5-flash", max_tokens: int = 64, temperature: float = 0.0, system: str | None = None,
                  thinking_budget: int | None = None, api_key_env: str | None = None, timeout: float = 120.0, max_attempts: int = 5,
@@ -387,6 +393,7 @@ class make_inputs:
     def __init__(self, representation: str = "none", index: str | os.PathLike | None = None, cache_dir: str | os.PathLike = ".cache/views",
                  root: str | os.PathLike | None = None, **params):
         self.representation, self.root, self.cache_dir, self.params = str(representation), root, Path(cache_dir), params
+        self.index_path = index
         self.index = {r["qid"]: r for r in read_jsonl(index)} if index else None
         if self.representation in BLIND: self.spec = {"representation": "none"}
         else:
@@ -399,7 +406,9 @@ class make_inputs:
             e = self.index.get(record["qid"])
             if e is None or e.get("error"):
                 raise PredictionError(f"no rendered input for {record['qid']}" + (f": {e['error']}" if e else " in the render index"))
-            paths, meta = list(e["paths"]), dict(e.get("meta") or {})
+            # the render stage's index lists `files` (older indexes: `paths`), named from where the index lies
+            paths = [resolve_path(p, self.index_path) for p in (e.get("files") or e.get("paths") or [])]
+            meta = dict(e.get("meta") or {})
         else:
             from spatialvqa.views import get_or_render
             c = get_or_render(record, self.representation, self.cache_dir, root=self.root, **self.params)
@@ -445,12 +454,23 @@ def lock_path(out: str | os.PathLike) -> Path:
     uid = os.getuid() if hasattr(os, "getuid") else "user"
     return Path(tempfile.gettempdir()) / f"spatialvqa-locks-{uid}" / f"{stable_hash(str(Path(out).resolve()), n=16)}.lock"
 
-def _predictions_file(path: Path, overwrite: bool) -> list[dict]:
-    "The rows at `path` if it is a predictions file (every row with `qid` and `key`); [] when absent or `overwrite`."
-    if overwrite or not path.exists(): return []
-    try: rows = read_jsonl(path, require=("qid", "key", "config_hash"))
-    except ValueError as e: raise OutputError(f"{path} is not a predictions file ({e}); refusing to replace it: "
-                                              "choose another --out, or pass --overwrite") from None
+def _predictions_file(path: Path, overwrite: bool, model: str | None = None, mixed: bool = False,
+                      partial: Sequence[dict] = ()) -> list[dict]:
+    """The rows at `path` if it is a predictions file; [] when absent or `overwrite`. Any other file is refused: one
+    that holds no predictions (notes, an empty file, another tool's JSON) and, unless `mixed`, one that holds (or
+    whose `partial` log holds) another model's: a predictions file holds one model."""
+    if overwrite: return []
+    rows = []
+    if path.exists():
+        try: rows = read_jsonl(path, strict=True, require=("qid", "key", "config_hash"))
+        except ValueError as e: raise OutputError(f"{path} is not a predictions file ({e}); refusing to replace it: "
+                                                  "choose another --out, or pass --overwrite") from None
+        if not rows: raise OutputError(f"{path} is not a predictions file (it holds no predictions); refusing to replace it: "
+                                       "choose another --out, or pass --overwrite")
+    others = sorted({str(r.get("model")) for r in [*rows, *partial]} - {str(model)}) if model is not None else []
+    if others and not mixed:
+        raise OutputError(f"{path} holds predictions of {', '.join(others)}, not of {model}: a predictions file holds one model "
+                          f"(choose another --out, or pass --mixed to keep several models in this file)")
     return rows
 
 @dataclasses.dataclass
@@ -463,6 +483,7 @@ class RunSummary:
     complete: bool
     out: str
     config_hash: str
+    first_error: str | None = None     # the first of this run's rows that ended in an error: "qid: error"
 
 class _Lock:
     "An exclusive lock on the file `path` (released by the OS if the process dies; the file itself stays)."
@@ -487,13 +508,17 @@ def _row(adapter, qid, key, cfg_hash, p_hash, style, rep, raw, error, attempts, 
 
 def _err(e: BaseException) -> str: return mask_secrets(f"{type(e).__name__}: {e}")
 
+from .scan import ScanError
+_FINAL = (PredictionError, ScanError, FileNotFoundError, IsADirectoryError, NotADirectoryError)   # never retried: asking again cannot help
+
 def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathLike,
                   inputs_fn: Callable[[dict, str], ModelInput] | None = None, batch_size: int = 8, max_retries: int = 2,
                   prompt_style: str = "default", retry_wait: float = 1.0, desc: str | None = None,
-                  overwrite: bool = False) -> RunSummary:
+                  overwrite: bool = False, mixed: bool = False) -> RunSummary:
     """Answer every record of `records` with `adapter` into `out` (JSONL, one row per key; other configs' rows kept),
     resuming a partial run. `inputs_fn(record, prompt)` makes each `ModelInput` (default: `make_inputs("none")`).
-    `overwrite`: replace whatever is at `out` (and this run's partial rows) instead of refusing a non-predictions file."""
+    `overwrite`: replace whatever is at `out` (and this run's partial rows) instead of refusing a file that holds no
+    predictions; `mixed`: let `out` hold other models' rows too (refused by default: a predictions file holds one model)."""
     out = check_output(out)
     log_path = check_output(partial_path(out))
     inputs_fn = inputs_fn or make_inputs("none")
@@ -506,8 +531,8 @@ def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathL
     keys = {q: prediction_key(q, cfg_hash, p_hash[q]) for q in prompts}
     with _Lock(lock_path(out), out):
         mine = set(keys.values())
-        before = _predictions_file(out, overwrite)
         partial = _read(log_path)
+        before = _predictions_file(out, overwrite, adapter.name, mixed, partial)
         if overwrite and any(r.get("key") in mine for r in partial):      # start afresh: this run's earlier rows go
             partial = [r for r in partial if r.get("key") not in mine]
             write_jsonl(partial, log_path)
@@ -526,9 +551,9 @@ def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathL
 
         def one(r, inp, error, solo: bool = False):
             """Try one record alone after its batch failed: once more at once when the batch held others (`solo`),
-            then up to `max_retries` times with back-off; a `PredictionError` is final."""
+            then up to `max_retries` times with back-off; a `PredictionError` or a missing file is final."""
             attempts, tries = 1, max_retries + solo
-            while tries > 0 and ((solo and attempts == 1) or not isinstance(error, PredictionError)):
+            while tries > 0 and ((solo and attempts == 1) or not isinstance(error, _FINAL)):
                 if not (solo and attempts == 1): time.sleep(retry_wait * 2 ** (attempts - 1 - solo))
                 tries -= 1; attempts += 1
                 t0 = time.monotonic()
@@ -573,7 +598,8 @@ def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathL
             others = [r for r in partial if r.get("key") not in mine]     # another config's interrupted run: kept
             if others: write_jsonl(others, log_path)
             else: log_path.unlink(missing_ok=True)
-        return RunSummary(len(records), skipped, answered, sum(r["error"] is not None for r in run), complete, str(out), cfg_hash)
+        first = next((f"{r['qid']}: {r['error']}" for r in run if r["error"] is not None), None)
+        return RunSummary(len(records), skipped, answered, sum(r["error"] is not None for r in run), complete, str(out), cfg_hash, first)
 
 def _repeated(items: Iterable) -> Any:
     "The first item that occurs twice, else None."
@@ -604,12 +630,12 @@ def parse_config(items: Sequence[str] | None) -> dict:
 
 def model_entry(name: str, entry: Mapping | None) -> dict:
     """A model's run settings from its `infer.models` entry: `adapter` (default: the entry's name), `config`,
-    `representation`, `prompt_style`, `batch_size`, `max_retries`, `circular` (also answer every option rotation
+    `representation` (None when the entry names none: the adapter's `default_representation`), `prompt_style`, `batch_size`, `max_retries`, `circular` (also answer every option rotation
     of the multiple-choice questions; default false)."""
     e = dict(check_no_secrets(dict(entry or {}), f"infer.models.{name}"))
     unknown = set(e) - {"adapter", "config", "representation", "prompt_style", "batch_size", "max_retries", "index", "circular"}
     if unknown: raise ValueError(f"infer.models.{name}: unknown keys {sorted(unknown)}; model options go under `config`")
-    return {"adapter": e.get("adapter") or name, "config": dict(e.get("config") or {}), "representation": e.get("representation", "none"),
+    return {"adapter": e.get("adapter") or name, "config": dict(e.get("config") or {}), "representation": e.get("representation"),
             "prompt_style": e.get("prompt_style", "default"), "batch_size": int(e.get("batch_size", 8)),
             "max_retries": int(e.get("max_retries", 2)), "index": e.get("index"), "circular": _flag(e.get("circular", False))}
 
@@ -624,11 +650,45 @@ def _flag(v) -> bool:
     if isinstance(v, str): return v.strip().lower() in ("1", "true", "yes", "on")
     return bool(v)
 
+PATH_FIELDS = ("images", "label_maps", "volume", "report")    # the record fields that name files
+
+def _paths(record: Mapping) -> list[str]:
+    return [p for k in PATH_FIELDS for p in (record.get(k) if isinstance(record.get(k), list) else [record.get(k)])
+            if isinstance(p, str) and p]
+
+def scan_root(benchmark: str | os.PathLike, records: Sequence[Mapping]) -> Path:
+    """The folder the relative file paths of `records` (read from `benchmark`) are under: the benchmark's own folder,
+    else the project that holds it (the nearest folder above with `dvc.yaml` or `params.yaml`: the pipeline writes paths
+    from the repository root). Never the working directory: a run from another folder finds the same files."""
+    here = Path(benchmark).resolve().parent
+    bases = [here, *[d for d in here.parents if (d / "dvc.yaml").exists() or (d / "params.yaml").exists()][:1]]
+    rel = next((p for r in records for p in _paths(r) if not Path(p).is_absolute()), None)
+    return next((d for d in bases if rel is not None and (d / rel).exists()), here)
+
+def with_root(records: Sequence[dict], root: str | os.PathLike) -> list[dict]:
+    "The records with every relative path of `PATH_FIELDS` made absolute under `root`."
+    fix = lambda p: str(Path(root, p).resolve()) if isinstance(p, str) and p and not Path(p).is_absolute() else p
+    return [{**r, **{k: [fix(p) for p in r[k]] if isinstance(r[k], list) else fix(r[k]) for k in PATH_FIELDS if k in r}}
+            for r in records]
+
+def representation_of(adapter: Adapter, representation: str | None, model: str = "") -> str:
+    """What `adapter` is shown: `representation` when the run names one, else the adapter's `default_representation`.
+    A model that reads images and has no preset of its own is refused rather than run blind without a word."""
+    if representation is not None: return str(representation)
+    rep = getattr(adapter, "default_representation", "none")
+    if rep is None:
+        raise ValueError(f"model {model or adapter.name}: the adapter {getattr(adapter, 'kind', type(adapter).__name__)!r} "
+                         f"reads images and the run names none; give --representation (three_views, axial, coronal, "
+                         f"sagittal, grid or volume:<preset>; in params.yaml infer.models.{model or adapter.name}.representation), "
+                         f"or --representation none to run it blind on purpose")
+    return rep
+
 def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entry: Mapping | None = None,
           cache_dir: str | os.PathLike = ".cache/views", root: str | os.PathLike | None = None, limit: int | None = None,
-          overwrite: bool = False) -> RunSummary:
+          overwrite: bool = False, mixed: bool = False) -> RunSummary:
     """Run the model `model` (its settings: `model_entry`) over the benchmark JSONL (with every option rotation when
-    `circular`) into `out`; `limit`: only the first N records (None: all; N must be at least 1)."""
+    `circular`) into `out`; `limit`: only the first N records (None: all; N must be at least 1). Relative scan paths
+    are read under `root`, by default `scan_root` of the benchmark (never the working directory)."""
     e = model_entry(model, entry)
     if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
         raise ValueError(f"--limit {limit}: the number of records must be at least 1 (leave it out for all)")
@@ -641,9 +701,14 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
         if e["prompt_style"] == "default": e["prompt_style"] = "free_text"
         cfg = free_text_config(e["adapter"], cfg)
     adapter = make_adapter(e["adapter"], cfg)
-    inputs = make_inputs(e["representation"], index=e["index"], cache_dir=cache_dir, root=root)
+    rep = representation_of(adapter, e["representation"], model)
+    recs = with_root(recs, root if root is not None else scan_root(benchmark, recs))
+    inputs = make_inputs(rep, index=e["index"], cache_dir=cache_dir, root=root)
     return run_inference(adapter, recs, out, inputs, batch_size=e["batch_size"], max_retries=e["max_retries"],
-                         prompt_style=e["prompt_style"], desc=model, overwrite=overwrite)
+                         prompt_style=e["prompt_style"], desc=model, overwrite=overwrite, mixed=mixed)
+
+class RunFailedError(RuntimeError):
+    "A run whose every answer is an error: nothing was answered."
 
 def _cli_infer(a) -> int:
     entry: dict = {}
@@ -657,11 +722,17 @@ def _cli_infer(a) -> int:
     def _term(signum, frame): raise KeyboardInterrupt
     main = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, _term) if main else None
-    try: s = infer(a.model, a.benchmark, a.out, entry, cache_dir=a.cache_dir, root=a.root, limit=a.limit, overwrite=a.overwrite)
+    existed = Path(a.out).exists()
+    try: s = infer(a.model, a.benchmark, a.out, entry, cache_dir=a.cache_dir, root=a.root, limit=a.limit,
+                   overwrite=a.overwrite, mixed=a.mixed)
     except KeyboardInterrupt: return 130
     finally:
         if main: signal.signal(signal.SIGTERM, old)
+    if s.total and s.errors == s.total:            # nothing answered: a failure, and no file of errors left behind
+        if not existed: Path(s.out).unlink(missing_ok=True)
+        raise RunFailedError(f"{s.out}: all {s.total} answers of {a.model} are errors, the first {s.first_error}")
     print(f"{a.model}: {s.total} records, {s.skipped} already done, {s.answered} answered now, {s.errors} errors -> {s.out}")
+    if s.errors: log.warning("%s: %d of %d answers are errors (run again to retry them); the first %s", s.out, s.errors, s.total, s.first_error)
     return 0
 
 def add_cli(subparsers) -> None:
@@ -673,15 +744,20 @@ def add_cli(subparsers) -> None:
     p.add_argument("--config", nargs="+", action="extend", help="YAML/JSON file, inline mapping or key=value items")
     p.add_argument("--params", help="params.yaml to read the model's entry from (infer.models.MODEL)")
     p.add_argument("--adapter", help="adapter name (default: the model name)")
-    p.add_argument("--representation", help="none | a spatialvqa.views representation")
+    p.add_argument("--representation", help="what the model is shown: none (blind), axial, coronal, sagittal, three_views, grid or "
+                   "volume:<preset> (default: the adapter's own: none for blind baselines, its preset for a 3D model; "
+                   "a model that reads images and has no preset must be given one)")
     p.add_argument("--index", help="render stage index.jsonl of the representation")
     p.add_argument("--prompt-style", dest="prompt_style")
     p.add_argument("--batch-size", dest="batch_size", type=int)
     p.add_argument("--max-retries", dest="max_retries", type=int)
     p.add_argument("--cache-dir", dest="cache_dir", default=".cache/views")
-    p.add_argument("--root", help="folder that relative scan paths are under (default: cwd)")
+    p.add_argument("--root", help="folder that relative scan paths are under (default: the benchmark's folder, else the "
+                   "project above it that holds dvc.yaml/params.yaml; never the working directory)")
     p.add_argument("--limit", type=int, help="only the first N records (N >= 1; default: all)")
     p.add_argument("--overwrite", action="store_true", help="replace what is at --out (also a file that holds no predictions)")
+    p.add_argument("--mixed", action="store_true", help="let --out hold other models' predictions too (refused by default: "
+                   "a predictions file holds one model; `spatialvqa score` then scores each under its own name)")
     p.add_argument("--circular", action="store_true", default=None, help="also answer every option rotation (circular evaluation)")
     p.set_defaults(func=_cli_infer)
 
@@ -760,6 +836,9 @@ class VolumeSideAdapter(BaseAdapter):
 
     def __init__(self, preset: str = "m3d", call_log: str | None = None, **kw):
         super().__init__(preset=str(preset), call_log=call_log, **kw)
+
+    @property
+    def default_representation(self) -> str: return f"volume:{self.config['preset']}"
 
     def answer(self, inp: ModelInput) -> str:
         import numpy as np

@@ -28,7 +28,8 @@ __all__ = ['DEFAULT_RATES', 'VARIANTS', 'TUMOUR_KINDS', 'HU', 'PHASES', 'LIVER_E
            'Shape', 'rotation', 'wobble', 'blob', 'tube', 'mirror', 'variant_names', 'Body', 'fit_scale', 'label_stats',
            'size_findings', 'lesion_location', 'write_report', 'orientations', 'orient', 'Subject', 'make_subject',
            'show_subject', 'write_subject', 'CohortError', 'subject_seed', 'cohort_variants', 'make_cohort',
-           'read_cohort', 'cohort_variation', 'atlas_agreement', 'atlas_summary', 'cohort_summary']
+           'read_cohort', 'write_totalsegmentator', 'cohort_variation', 'atlas_agreement', 'atlas_summary',
+           'cohort_summary']
 
 # %% ../nbs/14_phantom.ipynb #6f322741
 @dataclasses.dataclass(frozen=True)
@@ -1296,6 +1297,26 @@ def read_cohort(outdir: str | os.PathLike) -> list[dict]:
     outdir = Path(outdir)
     subs = read_json(outdir / "cohort.json")
     return [{**e, **{k: str(outdir / e[k]) for k in ("image", "labels", "truth", "report")}} for e in subs]
+
+# %% ../nbs/14_phantom.ipynb #f34154eb
+def write_totalsegmentator(outdir: str | os.PathLike, n_subjects: int = 6, seed: int = 11, workers: int | None = None) -> list[Path]:
+    "`n_subjects` phantoms as a TotalSegmentator dataset under `outdir`: `sNNNN/ct.nii.gz`, `sNNNN/segmentations/<structure>.nii.gz`."
+    import shutil, tempfile
+    from spatialvqa.scan import read_scan
+    outdir = Path(outdir); outdir.mkdir(parents=True, exist_ok=True)
+    cases = []
+    with tempfile.TemporaryDirectory(prefix=".phantoms-", dir=outdir) as tmp:
+        for i, e in enumerate(make_cohort(tmp, n_subjects=n_subjects, seed=seed, workers=workers)):
+            s = read_scan(Path(tmp) / e["labels"], Path(tmp) / e["image"])
+            case = outdir / f"s{i + 1:04d}"
+            (case / "segmentations").mkdir(parents=True, exist_ok=True)
+            write_volume(s.image, case / "ct.nii.gz")
+            for lab in np.unique(s.labels.array):
+                if 0 < lab and int(lab) in TOTALSEG:
+                    write_volume(Volume((s.labels.array == lab).astype(np.uint8), s.labels.affine),
+                                 case / "segmentations" / f"{TOTALSEG[int(lab)]}.nii.gz")
+            cases.append(case)
+    return cases
 
 # %% ../nbs/14_phantom.ipynb #66c62b60
 ATLAS_STRUCTURES: tuple[str, ...] = (

@@ -16,24 +16,24 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import atomic_write, get_logger, progress, project_root, read_json, read_jsonl, shared_data, stable_hash
+from .core import atomic_write, get_logger, number, progress, project_root, read_json, read_jsonl, shared_data, stable_hash
 from .scan import ScanError
 
 # %% auto #0
 __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_ALIASES', 'CTRATE_REPO', 'CTRATE_REPORT_COLUMNS',
-           'CTRATE_METADATA_COLUMNS', 'CTRATE_METADATA_FILES', 'CTRATE_REPORT_FILES', 'CATEGORY_CUES', 'PAIRED_ORGANS',
-           'AUDIT_COLUMNS', 'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT', 'ctsvqa_model_name',
-           'ctsvqa_judgment_name', 'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume', 'ctsvqa_qid',
-           'normalise_categories', 'read_ctsvqa_questions', 'read_ctsvqa_predictions', 'read_ctsvqa_judgments',
-           'read_ctsvqa_reports', 'read_ctrate_reports', 'read_ctrate_metadata', 'fix_ctrate_volume', 'ctrate_path',
-           'hf_downloader', 'volumes_of', 'download_ctrate', 'ctsvqa_benchmark', 'split_report_sections',
-           'read_phantom_reports', 'classify_categories', 'category_cues', 'spatial_decision', 'is_spatial', 'heldout',
-           'multilabel_scores', 'binary_scores', 'qa_text', 'fit_text_classifier', 'grouped_cv_predict',
-           'read_ctsvqa_raw', 'published_filter_labels', 'read_human_disagreements', 'split_sentences', 'positive_part',
-           'extract_facts', 'qa_from_fact', 'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report',
-           'twin_benchmark', 'audit_sample', 'audit_summary', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs',
-           'llm_generate_qa', 'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage',
-           'category_mix', 'plot_category_mix', 'add_cli']
+           'CTRATE_METADATA_COLUMNS', 'CTRATE_METADATA_FILES', 'CTRATE_REPORT_FILES', 'CTRATE_URL', 'CATEGORY_CUES',
+           'PAIRED_ORGANS', 'AUDIT_COLUMNS', 'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT',
+           'ctsvqa_model_name', 'ctsvqa_judgment_name', 'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume',
+           'ctsvqa_qid', 'normalise_categories', 'read_ctsvqa_questions', 'read_ctsvqa_predictions',
+           'read_ctsvqa_judgments', 'read_ctsvqa_reports', 'read_ctrate_reports', 'read_ctrate_metadata',
+           'fix_ctrate_volume', 'ctrate_path', 'GatedError', 'hf_downloader', 'volumes_of', 'download_ctrate',
+           'ctsvqa_benchmark', 'split_report_sections', 'read_phantom_reports', 'classify_categories', 'category_cues',
+           'spatial_decision', 'is_spatial', 'heldout', 'multilabel_scores', 'binary_scores', 'qa_text',
+           'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw', 'published_filter_labels',
+           'read_human_disagreements', 'split_sentences', 'positive_part', 'extract_facts', 'qa_from_fact',
+           'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report', 'twin_benchmark', 'audit_sample',
+           'audit_summary', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs', 'llm_generate_qa', 'llm_judge_qa',
+           'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage', 'category_mix', 'plot_category_mix', 'add_cli']
 
 # %% ../nbs/30_reports.ipynb #00c7c1c4
 JUDGE_ORDER = ("gemini2.5", "gpt", "qwen")  # upstream's order of judge files (its first judge names the rows)
@@ -202,6 +202,9 @@ def read_ctsvqa_judgments(path: str | os.PathLike, model: str | None = None, jud
     out = []
     for row, r in enumerate(data):
         if not isinstance(r, dict): raise ValueError(f"{path}: row {row} is not an object")
+        for f in ("question", "answer"):
+            if r.get(f) is not None and not isinstance(r[f], str):
+                raise ValueError(f"{path}: row {row}: the field {f!r} is {type(r[f]).__name__} {r[f]!r}, not text")
         pred = r.get("prediction")
         out.append(dict(model=model, judge=judge, row=row, question=(r.get("question") or "").strip(),
                         answer=(r.get("answer") or "").strip(), prediction="" if pred is None else str(pred),
@@ -311,11 +314,17 @@ def ctrate_path(volume: str, fixed: bool = False) -> str:
     s, p, sc = m["split"], m["patient"], m["scan"]
     return f"dataset/{s}{'_fixed' if fixed else ''}/{s}_{p}/{s}_{p}_{sc}/{name}"
 
+class GatedError(LookupError):
+    "A gated dataset asked for without a token in the environment: a fault of the setup, said in one sentence."
+
+CTRATE_URL = "https://huggingface.co/datasets/ibrahimhamamci/CT-RATE"
+
 def hf_downloader(token_env: str = "HF_TOKEN", revision: str | None = None, repo_id: str = CTRATE_REPO,
                   cache_dir: str | os.PathLike | None = None) -> Callable[[str], Path]:
     "A function `repository path -> local file` downloading from CT-RATE with the token in `$token_env`."
     token = os.environ.get(token_env)
-    if not token: raise LookupError(f"CT-RATE is gated: set {token_env} to a Hugging Face token that has accepted its terms")
+    if not token: raise GatedError(f"CT-RATE is gated and no token was found: set the environment variable {token_env} to a "
+                                   f"Hugging Face token whose account has accepted CT-RATE's terms ({CTRATE_URL})")
     def download(filename: str) -> Path:
         from huggingface_hub import hf_hub_download
         return Path(hf_hub_download(repo_id=repo_id, repo_type="dataset", filename=filename, revision=revision,
@@ -1142,7 +1151,7 @@ def _cli_download(args) -> int:
     from spatialvqa.core import write_json
     vols = volumes_of(read_jsonl(args.questions, strict=True)) if args.questions else []
     vols += list(args.volume or [])
-    if not vols: raise SystemExit("name volumes with --volume or a question set with --questions")
+    if not vols: raise ValueError("no volumes named: give --volume NAME or a question set with --questions FILE")
     recs, rejected = download_ctrate(vols, args.out, metadata=args.metadata, fixed=args.fixed, token_env=args.token_env,
                                      revision=args.revision, overwrite=args.overwrite)
     write_json(dict(volumes=recs, rejected=rejected), Path(args.out) / "ctrate_download.json")
@@ -1152,7 +1161,14 @@ def _cli_download(args) -> int:
 def _cli_report_qa(args) -> int:
     from spatialvqa.core import write_jsonl
     p = Path(args.reports)
-    reports = read_ctrate_reports(p) if p.suffix == ".csv" else read_jsonl(p, strict=True) if p.suffix == ".jsonl" else read_ctsvqa_reports(p)
+    reports = (read_ctrate_reports(p) if p.suffix == ".csv" else read_jsonl(p, strict=True, require=("volume",))
+               if p.suffix == ".jsonl" else read_ctsvqa_reports(p))
+    for n, r in enumerate(reports, 1):
+        for f in ("volume", "findings", "impressions"):
+            if r.get(f) is not None and not isinstance(r[f], str):
+                raise ValueError(f"{p}: report {n}: the field {f!r} is {type(r[f]).__name__}, not text")
+        if not (r.get("findings") or r.get("impressions")):
+            raise ValueError(f"{p}: report {n} ({r['volume']}) has neither 'findings' nor 'impressions' text")
     recs = generate_rule_qa(reports, max_per_report=args.max_per_report)
     write_jsonl(recs, args.out)
     print(f"{len(recs)} questions from {len({r['volume'] for r in recs})} of {len(reports)} reports -> {args.out}")
@@ -1173,5 +1189,5 @@ def add_cli(subparsers) -> None:
     q = subparsers.add_parser("report-qa", help="rule-based spatial QA pairs from radiology reports (offline)")
     q.add_argument("--reports", required=True, help="CT-RATE reports CSV, reports JSONL, or the release's validation_reports_output.json")
     q.add_argument("--out", required=True, help="output JSONL")
-    q.add_argument("--max-per-report", type=int, default=10, help="at most this many questions per report")
+    q.add_argument("--max-per-report", type=number(int, 1), default=10, help="at most this many questions per report (at least 1; default 10)")
     q.set_defaults(func=_cli_report_qa)

@@ -24,10 +24,10 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
 
 # %% auto #0
 __all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
-           'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'task_matrix', 'cluster_of',
-           'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap', 'draw_summary',
-           'table2_values', 'chance_values', 'table2', 'sanity_checks', 'detectable_differences', 'markdown',
-           'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range',
+           'score_models', 'split_runs', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'task_matrix',
+           'cluster_of', 'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap',
+           'draw_summary', 'table2_values', 'chance_values', 'table2', 'sanity_checks', 'detectable_differences',
+           'markdown', 'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range',
            'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table',
            'score_metrics', 'split_rotations', 'circular_values', 'circular_chance', 'circular_table',
            'circular_checks', 'failure_sheets', 'failure_instructions', 'failure_counts']
@@ -86,18 +86,30 @@ def score_models(records: Sequence[Mapping], predictions: Mapping[str, Sequence[
     out["model"] = pd.Categorical(out["model"], categories=list(predictions), ordered=True)
     return out
 
+def split_runs(rows: Sequence[Mapping], name: str | None = None) -> dict[str, list[dict]]:
+    """The rows of one predictions file by run (model and `config_hash`), each under its own name: the model's name
+    when the file holds one run of it, else `<model>@<config_hash>`. `name` (the file's model) names rows without a
+    `model` field."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows: runs.setdefault((str(r.get("model") or name), r.get("config_hash")), []).append(dict(r))
+    per_model: dict[str, int] = {}
+    for m, _ in runs: per_model[m] = per_model.get(m, 0) + 1
+    return {(m if per_model[m] == 1 else f"{m}@{h}"): rs for (m, h), rs in runs.items()}
+
 def read_predictions(folder: str | os.PathLike, models: Sequence[str]) -> dict[str, list[dict]]:
-    """`<folder>/<model>.jsonl` of each model; a missing file is an error that names it. `spatialvqa infer` keeps every
-    configuration's rows in one file: the rows of the configuration written last (the file's last row) are the model's."""
+    """`<folder>/<model>.jsonl` of each model; a missing file is an error that names it, and so is a file that holds
+    more than one run (several models, or one model with several settings: `split_runs`): scoring one of them would
+    count the questions it did not answer as wrong, and picking one would score a run nobody named."""
     out = {}
     for m in models:
         p = Path(folder) / f"{m}.jsonl"
         if not p.exists(): raise FileNotFoundError(f"{p}: no predictions for model {m!r} (run its infer stage first)")
-        rows = read_jsonl(p, require=("qid",))
-        last = rows[-1].get("config_hash") if rows else None
-        out[m] = [r for r in rows if r.get("config_hash") == last]
-        if len(out[m]) < len(rows):
-            get_logger(__name__).info("%s: %d rows of other configurations set aside (scoring config %s)", p, len(rows) - len(out[m]), last)
+        runs = split_runs(read_jsonl(p, require=("qid",)), m)
+        if len(runs) > 1:
+            raise ValueError(f"{p}: holds {len(runs)} runs ({', '.join(f'{k}: {len(v)} rows' for k, v in runs.items())}), not "
+                             f"one of {m}; score them with `spatialvqa score --predictions {p}` (each under its own name), or "
+                             f"rerun {m} into a file of its own")
+        out[m] = next(iter(runs.values()), [])
     return out
 
 def in_scope(scored: pd.DataFrame) -> pd.DataFrame:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['ORDERS', 'ScanError', 'Volume', 'nifti_affine', 'read_volume', 'read_labels', 'write_volume', 'write_dicom_series',
-           'reoriented_grid', 'reorient', 'canonical', 'Scan', 'storage_order', 'read_scan']
+__all__ = ['NIFTI1_MAX_DIM', 'ORDERS', 'ScanError', 'Volume', 'nifti_affine', 'read_volume', 'read_labels', 'write_volume',
+           'write_dicom_series', 'reoriented_grid', 'reorient', 'canonical', 'Scan', 'storage_order', 'read_scan']
 
 # %% ../nbs/11_scan.ipynb #8b330e57
 class ScanError(ValueError):
@@ -131,7 +131,7 @@ def nifti_affine(img: nib.Nifti1Image, path: str | os.PathLike) -> np.ndarray:
         warnings.simplefilter("ignore")
         return np.array(img.affine, dtype=np.float64)
 
-def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_nifti(path: Path, role: str = "image") -> tuple[np.ndarray, np.ndarray]:
     buf = _inflated(path)
     plain = None if buf is None else _plain_nifti1(buf, path)
     if plain is not None: return plain
@@ -140,6 +140,11 @@ def _read_nifti(path: Path) -> tuple[np.ndarray, np.ndarray]:
         img = nib.load(str(path))
         if not isinstance(img, (nib.Nifti1Image, nib.Nifti2Image)):
             raise ScanError(path, f"not a NIfTI image (nibabel read it as {type(img).__name__})")
+        slope, inter = float(getattr(img.dataobj, "slope", 1.0)), float(getattr(img.dataobj, "inter", 0.0))
+        if role == "labels" and (slope, inter) != (1.0, 0.0):   # classes are stored values: a scaling would rename them
+            raise ScanError(path, f"the header scales the stored values (scl_slope {slope:g}, scl_inter {inter:g}), so a stored "
+                                  f"label 1 would read as {slope + inter:g}; a label map must store its classes unscaled: rewrite it "
+                                  f"with scl_slope 1 and scl_inter 0")
         affine = nifti_affine(img, path)
         _shape_3d(path, img.shape)  # refuse 2D/4D before reading any data
         array = _gz_data(img, path, buf)
@@ -310,19 +315,27 @@ def _ext(path: Path) -> str:
     name = path.name.lower()
     return ".nii.gz" if name.endswith(".nii.gz") else path.suffix.lower()
 
+def _check_image(vol: Volume) -> Volume:
+    "A CT whose values are all finite; a NaN or infinite voxel (a broken conversion) is an error naming the count."
+    a = vol.array
+    if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+        bad = int((~np.isfinite(a)).sum())
+        raise ScanError(vol.path, f"{bad} of {a.size} voxels are NaN or infinite; a CT holds finite values (HU)")
+    return vol
+
 def read_volume(path: str | os.PathLike, role: str = "image") -> Volume:
     "Read a NIfTI (`.nii`, `.nii.gz`), NRRD (`.nrrd`, `.nhdr`) file or DICOM series folder into RAS+ world mm."
     if role not in ("image", "labels"): raise ValueError(f"role must be 'image' or 'labels', got {role!r}")
     path = Path(path)
     if not path.exists(): raise ScanError(path, "no such file or folder")
     if path.is_dir(): array, affine = _read_dicom_series(path)
-    elif _ext(path) in _NIFTI_EXT: array, affine = _read_nifti(path)
+    elif _ext(path) in _NIFTI_EXT: array, affine = _read_nifti(path, role)
     elif _ext(path) in _NRRD_EXT: array, affine = _read_nrrd(path)
     elif _ext(path) == ".dcm": raise ScanError(path, "a single DICOM file; pass the folder that holds the whole series")
     else: raise ScanError(path, f"unsupported format {_ext(path)!r}; expected .nii, .nii.gz, .nrrd, .nhdr or a DICOM folder")
     _check_geometry(path, array, affine)
     vol = Volume(array, affine, str(path))
-    return _check_labels(vol) if role == "labels" else vol
+    return _check_labels(vol) if role == "labels" else _check_image(vol)
 
 # %% ../nbs/11_scan.ipynb #4dbeef8f
 def _check_labels(vol: Volume) -> Volume:
@@ -360,13 +373,17 @@ def _drop_nrrd_timestamp(path: Path) -> None:
     keep = [l for l in lines if not (l.startswith(b"# on ") and l.endswith(b"(GMT)."))]
     if len(keep) != len(lines): path.write_bytes(b"\n".join(keep) + sep + data)
 
+NIFTI1_MAX_DIM = 32767     # NIfTI-1 stores each dimension as an int16
+
 def write_volume(vol: Volume, path: str | os.PathLike) -> Path:
     "Write `vol` to `.nii`, `.nii.gz` (nibabel), `.nrrd` or `.nhdr` (pynrrd, LPS); returns the path."
     path = Path(path)
     ext, aff = _ext(path), np.asarray(vol.affine, dtype=np.float64)
     if ext in _NIFTI_EXT:
         nib = _nib()
-        cls = nib.Nifti1Image if np.array_equal(aff.astype(np.float32).astype(np.float64), aff) else nib.Nifti2Image
+        # NIfTI-1 whenever the data fit it (every tool reads it; SimpleITK, and so ITK, refuses NIfTI-2): its float32
+        # affine rounds a coordinate by at most 6e-8 of its size (6e-5 mm at 1 m); NIfTI-2 only past 32767 voxels per axis
+        cls = nib.Nifti1Image if max(np.shape(vol.array)) <= NIFTI1_MAX_DIM else nib.Nifti2Image
         img = cls(_nifti_dtype(np.asarray(vol.array)), aff)
         img.set_sform(aff, code=1)
         rot = aff[:3, :3] / np.linalg.norm(aff[:3, :3], axis=0)

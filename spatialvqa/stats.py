@@ -283,7 +283,10 @@ def group_folds(groups: Sequence, k: int = 2, seed: int = 0) -> dict[str, int]:
     "Fold (0..k-1) of each distinct group: groups ordered by a seeded hash and dealt out in turn, so folds are balanced."
     uniq = {str(g) for g in groups}
     if k < 2: raise ValueError(f"cross-fitting needs at least 2 folds, got {k}")
-    if len(uniq) < k: raise ValueError(f"{len(uniq)} groups cannot fill {k} folds")
+    if len(uniq) < k:
+        raise ValueError(f"{len(uniq)} group{'s' * (len(uniq) != 1)} ({', '.join(sorted(uniq)[:3]) or 'none'}) cannot fill {k} folds: "
+                         f"cross-fitting trains each fold on the others, so it needs at least {k} distinct groups (scans or "
+                         f"patients): give records of more of them, or fewer folds (at least 2)")
     order = sorted(uniq, key=lambda g: (stable_hash([int(seed), g]), g))
     return {g: i % k for i, g in enumerate(order)}
 

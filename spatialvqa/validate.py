@@ -1446,17 +1446,6 @@ def write_validation(val: Validation, out: str | os.PathLike, results: str | os.
     with atomic_write(results / "filter_report.md") as f: f.write(report_markdown(val) + "\n")
     return paths | {"report_csv": results / "filter_report.csv", "report_md": results / "filter_report.md"}
 
-def _cli_validate(a) -> int:
-    from spatialvqa.core import read_records
-    recs = read_records(a.benchmark)
-    st = pd.read_parquet(a.structures) if a.structures else None
-    sc = pd.read_parquet(a.scans) if a.scans else None
-    val = validate(recs, st, sc, answerers=a.answerers, rule=a.rule, folds=a.folds, seed=a.seed, min_voxels=a.min_voxels,
-                   dedup_threshold=a.dedup_threshold, audit=None)
-    write_validation(val, a.out)
-    print(markdown_table(val.report, floatfmt=".3f"))
-    return 0
-
 def _cli_reviews(a) -> int:
     rv = read_reviews(a.sheets, weights=a.weights)
     res = {"questions": int(len(rv.mean)), "rated": int(rv.mean.notna().sum()), "included": int(rv.included.sum()),
@@ -1467,19 +1456,7 @@ def _cli_reviews(a) -> int:
     return 0
 
 def add_cli(subparsers) -> None:
-    "Add the `validate` and `reviews` subcommands to an argparse `subparsers` object."
-    p = subparsers.add_parser("validate", help="filter a Track A benchmark: plausibility, near-duplicates, blind answerers")
-    p.add_argument("benchmark", help="benchmark JSONL (e.g. data/benchmark/questions.jsonl)")
-    p.add_argument("--out", required=True, help="output folder: validated.jsonl/.parquet, removed.jsonl, filter_report.*")
-    p.add_argument("--structures", help="the measure stage's structures.parquet (default: the records' own measurements)")
-    p.add_argument("--scans", help="the measure stage's scans.parquet (needed for the border test)")
-    p.add_argument("--answerers", default="prior,text", help=f"comma-separated blind answerers among {', '.join(ANSWERERS)}")
-    p.add_argument("--rule", default="soft_majority", choices=list(RULE_NAMES), help="when blind answers make a question trivial")
-    p.add_argument("--folds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-voxels", type=int, default=MIN_VOXELS)
-    p.add_argument("--dedup-threshold", type=float, default=0.9)
-    p.set_defaults(func=_cli_validate)
+    "Add the `reviews` subcommand to an argparse `subparsers` object (`spatialvqa validate` runs the validate stage: `cli`)."
     r = subparsers.add_parser("reviews", help="mean score, inclusion and inter-rater agreement from filled review sheets")
     r.add_argument("sheets", nargs="+", help="filled review_sheet CSV files")
     r.add_argument("--weights", choices=["linear", "quadratic"], default=None, help="weighted Cohen's kappa (two raters)")

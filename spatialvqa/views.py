@@ -22,14 +22,14 @@ import numpy as np
 from scipy import ndimage
 
 from .anatomy import NAME_TO_ID, readable
-from .core import OKABE_ITO as OKABE_ITO_PALETTE, atomic_write, hex_to_rgb, read_json, sha256_file, stable_hash, write_json
+from .core import OKABE_ITO as OKABE_ITO_PALETTE, atomic_write, hex_to_rgb, number, read_json, sha256_file, stable_hash, write_json
 from .scan import Scan, Volume, read_scan, read_volume, reorient
 
 # %% auto #0
 __all__ = ['WINDOWS', 'PRESETS', 'VIEWS', 'MARKERS', 'OKABE_ITO_NAMES', 'OKABE_ITO', 'AIR_HU', 'REPRESENTATIONS', 'VIEWS_VERSION',
-           'RENDERS', 'orient_to', 'lerp_axis', 'half_pixel', 'resize_linear', 'nearest_index', 'window_range',
-           'grey_levels', 'apply_window', 'Preset', 'SliceStackPreset', 'RadFMPreset', 'CTCLIPPreset', 'MerlinPreset',
-           'MedGemmaPreset', 'preset', 'presets_table', 'plane_points', 'sample_points', 'sample_plane',
+           'RENDERS', 'MIN_SIZE', 'MAX_SIZE', 'orient_to', 'lerp_axis', 'half_pixel', 'resize_linear', 'nearest_index',
+           'window_range', 'grey_levels', 'apply_window', 'Preset', 'SliceStackPreset', 'RadFMPreset', 'CTCLIPPreset',
+           'MerlinPreset', 'MedGemmaPreset', 'preset', 'presets_table', 'plane_points', 'sample_points', 'sample_plane',
            'resolve_structures', 'structure_points', 'ViewImage', 'render_views', 'grid_heights', 'render_grid',
            'ModelInput', 'check_representation', 'render_params', 'make_input', 'file_digest', 'item_key',
            'CachedInput', 'get_or_render', 'render_records', 'group_by_scan', 'representation_slug', 'contact_sheet',
@@ -823,6 +823,8 @@ def contact_sheet(images: Sequence[np.ndarray], cols: int = 3, pad: int = 4) -> 
         out[pad + r * (h + pad):pad + r * (h + pad) + a.shape[0], pad + c * (w + pad):pad + c * (w + pad) + a.shape[1]] = a
     return out
 
+MIN_SIZE, MAX_SIZE = 16, 4096     # pixels per side of a rendered view: below, nothing is legible; above, memory runs out
+
 def _cli_views(a) -> int:
     named = resolve_structures([int(s) if s.isdigit() else s for s in a.structures])
     rec = {"qid": "cli", "scan_ids": [Path(a.labels).name], "images": [a.image], "label_maps": [a.labels],
@@ -846,8 +848,9 @@ def add_cli(subparsers):
     p.add_argument("--structures", nargs="+", required=True, help="structure names (TotalSegmentator) or label ids")
     p.add_argument("--representation", default="three_views", choices=REPRESENTATIONS)
     p.add_argument("--window", default="abdomen", help=f"{', '.join(WINDOWS)} or 'level,width'")
-    p.add_argument("--size", type=int, default=448, help="pixels per side of a view")
-    p.add_argument("--margin-mm", type=float, default=20.0)
+    p.add_argument("--size", type=number(int, MIN_SIZE, MAX_SIZE), default=448,
+                   help=f"pixels per side of a view, {MIN_SIZE} to {MAX_SIZE} (default 448)")
+    p.add_argument("--margin-mm", type=number(float, 0, 1000), default=20.0, help="margin around the structures in mm, 0 to 1000 (default 20)")
     p.add_argument("--no-label", action="store_true", help="no outlines, markers or legend")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_cli_views)

@@ -89,6 +89,7 @@ def processor_chat_template(model_id: str, revision: str | None = None) -> str:
 class HFVLM(BaseAdapter):
     "Base adapter for transformers VLMs reading 2D images; subclasses set the classes and the image-token logic."
     runtime = ("batch_size", "device")
+    default_representation = None          # 2D views of the run's choice: a run names its representation
     family: str = ""
     model_class: str = ""
     image_processor_class: str = ""
@@ -377,6 +378,9 @@ def volume_array(inp: ModelInput, preset_name: str, **changes) -> np.ndarray:
 class Remote3D(BaseAdapter):
     "Base adapter for 3D VLMs loaded with remote code at a pinned revision; inputs from a `spatialvqa.views` preset."
     preset_name: str = ""
+
+    @property
+    def default_representation(self) -> str: return f"volume:{self.preset_name}"   # its own preprocessing by default
     default_model_id: str = ""
     image_token: str = "<im_patch>"
     runtime = ("device",)

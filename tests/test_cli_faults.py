@@ -34,7 +34,9 @@ CASES = {
                     ("--predictions {d}/empty.jsonl --no-sbert --no-meteor --out {d}/o.json", ["empty.jsonl", "no predictions"]),
                     ("--predictions {d}/preds.jsonl --out /dev/null", ["/dev/null", "device"])],
     "validate": [("{d}/list.jsonl --out {d}/v", ["list.jsonl:2", "not list"]),
-                 ("{d}/dup.jsonl --out {d}/v", ["dup.jsonl", "'q1'"])],
+                 ("{d}/dup.jsonl --out {d}/v", ["dup.jsonl", "'q1'"]),
+                 ("{d}/ok.jsonl --folds -1 --out {d}/v", ["--folds: -1 is out of range"]),
+                 ("{d}/ok.jsonl --out {d}/v", ["ok.jsonl: the questions are about 0 scans", "at least 2 scans"])],
     "reviews": [("{d}/sheet.csv", ["sheet.csv", "no qid column"]),
                 ("{d}/missing.csv", ["missing.csv", "No such file"]),
                 ("{d}/badscore.csv", ["badscore.csv", "rater_1_score of q1 is 'abc'", "0, 1 or 2"])],
@@ -55,7 +57,21 @@ CASES = {
     "check-params": [("{d}/secret.yaml", ["secret.yaml: validate.llm.api_key", "api_key_env"]),
                      ("{d}/bad.json", ["bad.json", "not valid YAML"]),
                      ("{d}/missing.yaml", ["missing.yaml", "No such file"])],
-    "views": [("{d}/broken.nii.gz {d}/broken.nii.gz --structures liver --out {d}/vw", ["broken.nii.gz", "corrupt"])],
+    "views": [("{d}/broken.nii.gz {d}/broken.nii.gz --structures liver --out {d}/vw", ["broken.nii.gz", "corrupt"]),
+              ("{d}/broken.nii.gz {d}/broken.nii.gz --structures liver --size 0 --out {d}/vw", ["--size: 0 is out of range"])],
+    # issue 23: the pipeline's steps as commands
+    "generate": [("--structures {d}/absent.parquet --scans {d}/absent.parquet --out {d}/g", ["absent.parquet: no such file", "--structures"]),
+                 ("--structures {d}/preds.jsonl --scans {d}/preds.jsonl --out {d}/g", ["preds.jsonl", "not the output of `spatialvqa measure`"]),
+                 ("--structures {d}/bad.json --out {d}/g", ["bad.json", "not valid JSON"]),
+                 ("--structures {d}/bad.json --out {d}/afile", ["afile", "must be a folder"])],
+    "render": [("{d}/list.jsonl --out {d}/r", ["list.jsonl:2", "not list"]),
+               ("{d}/ok.jsonl --size 0 --out {d}/r", ["--size: 0 is out of range"]),
+               ("{d}/ok.jsonl --out {d}/r", ["none of the 1 questions could be rendered as three_views", "the first"])],
+    "score": [("--benchmark {d}/ok.jsonl --predictions {d}/empty.jsonl --out {d}/s", ["empty.jsonl", "no predictions"]),
+              ("--benchmark {d}/ok.jsonl --predictions {d}/list.jsonl --out {d}/s", ["list.jsonl:2", "not list"]),
+              ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/ok.jsonl", ["ok.jsonl", "is the input"])],
+    "tables": [("--scores {d}/absent.parquet --out {d}/t", ["absent.parquet: no such file", "--scores"]),
+               ("--scores {d}/preds.jsonl --out {d}/t", ["preds.jsonl"])],
 }
 
 

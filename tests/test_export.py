@@ -347,8 +347,9 @@ def test_cli_export(kept, views, tmp_path):
     root = next(iter(views.values()))[0].parents[4]
     p = argparse.ArgumentParser(); sub = p.add_subparsers(dest="command"); E.add_cli(sub)
     a = p.parse_args(["export", str(tmp_path / "bench.jsonl"), "--out", str(tmp_path / "o"), "--absolute",
-                      "--views", str(root / "data/views/axial/index.jsonl"), "--root", str(root)])
+                      "--views", str(root / "data/views/axial/index.jsonl"), "--root", str(root), "--licence", "phantom=Apache-2.0 (spatialvqa)"])
     assert a.func(a) == 0
+    assert "| phantom | " in (tmp_path / "o" / "LICENSE.md").read_text() and "Apache-2.0 (spatialvqa)" in (tmp_path / "o" / "README.md").read_text()
     cfg = yaml.safe_load((tmp_path / "o/lmms_eval" / E.LMMS_TASK / f"{E.LMMS_TASK}.yaml").read_text()
                          .replace("!function ", ""))
     assert cfg["dataset_kwargs"]["data_files"]["test"] == str((tmp_path / "o" / f"{E.NAME}.parquet").resolve())

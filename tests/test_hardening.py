@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from spatialvqa import models as M
@@ -109,10 +110,10 @@ def test_infer_keeps_other_configs_predictions(tmp_path, capsys):
     rows = read_jsonl(out)
     assert len(rows) == 18 and len({r["config_hash"] for r in rows}) == 3 and len({r["key"] for r in rows}) == 18
     assert all(r in rows for r in first)                                      # the first run's rows, untouched
-    # the scorer reads the configuration written last
-    from spatialvqa.results import read_predictions
-    got = read_predictions(tmp_path, ["p"])["p"]
-    assert len(got) == 6 and {r["prompt_style"] for r in got} == {"radiologist"}
+    # the scorer never picks one of them silently (issue 23): it refuses the file, naming the runs; split_runs scores each
+    from spatialvqa.results import read_predictions, split_runs
+    with pytest.raises(ValueError, match="p.jsonl: holds 3 runs"): read_predictions(tmp_path, ["p"])
+    assert sorted(len(v) for v in split_runs(rows).values()) == [6, 6, 6]
 
 
 def test_infer_refuses_unrelated_jsonl_unless_overwrite(tmp_path, capsys):
@@ -193,14 +194,19 @@ def test_echoing_server_key_never_reaches_predictions(tmp_path, capsys, monkeypa
     monkeypatch.setenv("HARDENING_API_KEY", KEY)
     b, out = _bench(tmp_path / "b.jsonl", 3), tmp_path / "p.jsonl"
     with EchoServer(mode) as srv:
-        rc, err = run(capsys, "infer", "--model", "echo", "--adapter", "openai", "--benchmark", b, "--out", out, "--max-retries", "0",
+        rc, err = run(capsys, "infer", "--model", "echo", "--adapter", "openai", "--representation", "none", "--benchmark", b,
+                      "--out", out, "--max-retries", "0",
                       "--config", f"model=m", f"base_url={srv.url}", "api_key_env=HARDENING_API_KEY", "max_attempts=1", "workers=1")
+    assert KEY not in err and KEY[:12] not in err
+    if mode != "completion":                      # every answer an error: status 2 quoting the first, masked; no file (issue 23)
+        assert rc == 2 and "all 3 answers of echo are errors" in err and "Bearer ***" in err, err
+        assert not out.exists()
+        return
     assert rc == 0, err
     text = out.read_text()
-    assert KEY not in text and KEY[:12] not in text and KEY not in err
+    assert KEY not in text and KEY[:12] not in text
     rows = read_jsonl(out)
-    field = "raw" if mode == "completion" else "error"
-    assert all("Bearer ***" in r[field] for r in rows), rows[0][field]          # the echo is there, the key masked
+    assert all("Bearer ***" in r["raw"] for r in rows), rows[0]["raw"]          # the echo is there, the key masked
 
 
 def test_llm_error_paths_mask_the_key(monkeypatch):
@@ -248,8 +254,8 @@ def test_stage_run_writes_the_key_nowhere(tmp_path, monkeypatch):
     with EchoServer("completion") as srv, EchoServer("not-json") as bad:
         (tmp_path / "params.yaml").write_text(
             "infer:\n  models:\n"
-            f"    echo: {{adapter: openai, config: {{model: m, base_url: '{srv.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n"
-            f"    broken: {{adapter: openai, max_retries: 0, config: {{model: m, base_url: '{bad.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n")
+            f"    echo: {{adapter: openai, representation: none, config: {{model: m, base_url: '{srv.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n"
+            f"    broken: {{adapter: openai, representation: none, max_retries: 0, config: {{model: m, base_url: '{bad.url}', api_key_env: HARDENING_API_KEY, max_attempts: 1}}}}\n")
         for model in ("echo", "broken"):
             r = subprocess.run([sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(ROOT), "--log-level", "WARNING",
                                 "--no-progress-bar", str(ROOT / "nbs/stages/infer.ipynb"), str(tmp_path / f"infer_{model}.ipynb"),
@@ -461,3 +467,459 @@ def test_file_exists_error_under_out_is_status_2(tmp_path, capsys):
     (tmp_path / "ph" / "phantom_000").write_text("a file where a subject folder goes")
     rc, err = run(capsys, "phantom", "--out", tmp_path / "ph", "-n", "1", "--workers", "0")
     assert rc == 2 and "phantom_000: FileExistsError" in err and "ph" in err
+
+
+# === issue 23: what a new user trips over ===========================================================================
+# Every case runs the console script in its own process, as a user does, and checks the status, the one sentence, no
+# traceback, the inputs unchanged and nothing written outside --out.
+
+EXE = Path(sys.executable).parent / "spatialvqa"
+
+
+def cli(*argv, cwd=None, env=None):
+    "`spatialvqa ARGV` as its own process: (status, stdout, stderr)."
+    r = subprocess.run([str(EXE), *map(str, argv)], capture_output=True, text=True, cwd=cwd, timeout=600,
+                       env={**os.environ, "SPATIALVQA_PROGRESS": "0", **(env or {})})
+    return r.returncode, r.stdout, r.stderr
+
+
+def tree(folder: Path) -> dict:
+    "Every file under `folder` (relative path -> bytes): what a command may not change outside its --out."
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def refused(r, cmd: str, *want: str) -> str:
+    "Assert status 2, no traceback and exactly one error sentence holding every `want`; return the sentence."
+    rc, out, err = r
+    assert rc == 2, (rc, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    lines = [l for l in err.splitlines() if l.startswith(f"spatialvqa {cmd}: error: ")]
+    assert len(lines) == 1, err[-3000:]
+    for w in want: assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def phantom_bench(tmp_path_factory):
+    """Two phantoms, their measurements and a few generated questions, in a folder `b/` whose benchmark names the
+    scans by paths relative to itself."""
+    from spatialvqa.measure import measure_manifests
+    from spatialvqa.phantom import make_cohort
+    from spatialvqa.questions import generate_questions
+    d = tmp_path_factory.mktemp("pb") / "b"
+    make_cohort(d / "scans", n_subjects=2, seed=3, workers=0)
+    table, scans, _ = measure_manifests([d / "scans" / "cohort.json"], workers=0)
+    recs = generate_questions(table, seed=0, per_scan={"DIR": 2, "VOL": 2, "VOLEST": 1}, scans=scans, tasks=("DIR", "VOL", "VOLEST"))
+    rel = lambda p: os.path.relpath(p, d)
+    for r in recs:
+        for k in ("images", "label_maps"):
+            if r.get(k): r[k] = [rel(p) for p in r[k]]
+    write_jsonl(recs, d / "bench.jsonl")
+    return d / "bench.jsonl"
+
+
+def test_i23_infer_refuses_a_notes_file(tmp_path):
+    "Item 1: any existing file that holds no predictions is refused unless --overwrite."
+    b = _bench(tmp_path / "b.jsonl")
+    for name, text in (("n.txt", "notes\n"), ("empty.jsonl", ""), ("other.json", '{"a": 1}\n')):
+        f = tmp_path / name
+        f.write_text(text)
+        before = tree(tmp_path)
+        refused(cli("infer", "--model", "random", "--benchmark", b, "--out", f), "infer", f"{name} is not a predictions file", "--overwrite")
+        assert tree(tmp_path) == before
+    assert cli("infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "n.txt", "--overwrite")[0] == 0
+    assert len(read_jsonl(tmp_path / "n.txt")) == 6
+
+
+def test_i23_infer_refuses_a_second_model_in_one_file(tmp_path):
+    "Item 2: a predictions file holds one model unless --mixed; the scorer never reports 0 for rows it did not pick."
+    b = _bench(tmp_path / "b.jsonl")
+    pred = tmp_path / "predictions" / "random.jsonl"
+    assert cli("infer", "--model", "random", "--benchmark", b, "--out", pred)[0] == 0
+    before = tree(tmp_path)
+    refused(cli("infer", "--model", "oracle", "--benchmark", b, "--out", pred), "infer", "random.jsonl holds predictions of random, not of oracle", "--mixed")
+    assert tree(tmp_path) == before
+    assert cli("infer", "--model", "coin", "--adapter", "random", "--config", "seed=5", "--benchmark", b, "--out", pred, "--mixed")[0] == 0
+    from spatialvqa.results import read_predictions
+    with pytest.raises(ValueError, match=r"random.jsonl: holds 2 runs \(random: 6 rows, coin: 6 rows\)"):
+        read_predictions(pred.parent, ["random"])
+
+
+def test_i23_infer_image_model_without_representation_is_refused(tmp_path):
+    "Item 4: a model that reads images is not run blind by default."
+    b = _bench(tmp_path / "b.jsonl")
+    before = tree(tmp_path)
+    refused(cli("infer", "--model", "qwen", "--adapter", "openai", "--benchmark", b, "--out", tmp_path / "q.jsonl",
+                "--config", "model=Qwen/Qwen2.5-VL-7B-Instruct", "base_url=http://127.0.0.1:9/v1"),
+            "infer", "model qwen", "reads images", "--representation")
+    assert tree(tmp_path) == before
+
+
+def test_i23_infer_all_errors_is_a_failure_quoting_the_first(phantom_bench, tmp_path):
+    "Item 4: a run whose rows all end in errors exits non-zero with the first error; a missing scan is not retried."
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl([dict(r, label_maps=["nowhere/" + p for p in r["label_maps"]]) for r in read_jsonl(phantom_bench)], bad)
+    before = tree(tmp_path)
+    import time
+    t0 = time.monotonic()
+    line = refused(cli("infer", "--model", "oracle", "--benchmark", bad, "--out", tmp_path / "o.jsonl"), "infer",
+                   "o.jsonl: all", "answers of oracle are errors, the first", "ScanError", "nowhere/")
+    assert time.monotonic() - t0 < 60, "a missing scan must not be retried with back-off"
+    assert tree(tmp_path) == before, line
+
+
+def test_i23_scan_paths_resolve_relative_to_the_benchmark(phantom_bench, tmp_path):
+    "Item 4: the same benchmark answered from another working directory reads the same scans."
+    elsewhere = tmp_path / "elsewhere"; elsewhere.mkdir()
+    rc, out, err = cli("infer", "--model", "oracle", "--benchmark", phantom_bench, "--out", tmp_path / "o.jsonl", cwd=elsewhere)
+    assert rc == 0, err
+    rows = read_jsonl(tmp_path / "o.jsonl")
+    assert len(rows) == len(read_jsonl(phantom_bench)) and all(r["error"] is None for r in rows)
+    assert not list(elsewhere.iterdir())
+
+
+def test_i23_credentials_in_urls_never_leak(tmp_path):
+    "Item 5: a key inside a URL or a header is refused in params and configs, and masked in every text."
+    secret = "sk-url-0123456789abcdef"
+    b = _bench(tmp_path / "b.jsonl")
+    before = tree(tmp_path)
+    r = cli("infer", "--model", "q", "--adapter", "openai", "--representation", "none", "--benchmark", b, "--out", tmp_path / "q.jsonl",
+            "--config", "model=m", f"base_url=http://u:{secret}@127.0.0.1:9/v1")
+    refused(r, "infer", "--config.base_url", "credentials", "api_key_env")
+    assert secret not in r[1] + r[2]
+    preds = tmp_path / "p.jsonl"
+    write_jsonl([{"question": "Q", "answer": "A", "prediction": "P"}], preds)
+    before = tree(tmp_path)
+    r = cli("ctsvqa-judge", "--predictions", preds, "--judge", f"openai:m@http://u:{secret}@127.0.0.1:9/v1", "--out", tmp_path / "j.jsonl")
+    refused(r, "ctsvqa-judge", "base_url", "credentials")
+    assert secret not in r[1] + r[2] and tree(tmp_path) == before
+    for text in (f"infer:\n  models:\n    q: {{adapter: openai, config: {{model: m, base_url: 'http://u:{secret}@h/v1'}}}}\n",
+                 f"infer:\n  models:\n    q: {{adapter: openai, config: {{model: m, extra_headers: {{Authorization: 'Bearer {secret}'}}}}}}\n",
+                 f"x:\n  url: 'https://h/v1/models?alt=json&key={secret}'\n"):
+        (tmp_path / "params.yaml").write_text(text)
+        r = cli("check-params", tmp_path / "params.yaml")
+        refused(r, "check-params", "params.yaml: ")
+        assert secret not in r[1] + r[2]
+    from spatialvqa.core import get_logger, mask_secrets
+    assert mask_secrets(f"GET http://u:{secret}@h/v1?key={secret} Authorization: Bearer {secret}") == \
+        "GET http://***@h/v1?key=*** Authorization: Bearer ***"
+
+
+RELEASE = ROOT.parent / "shared" / "data" / "ct-spatialvqa"
+
+
+def test_i23_jury_numbers_come_from_the_given_predictions(tmp_path):
+    "Item 3: the published alignment refuses predictions that are not the release's; a key join below 95% is an error."
+    assert (RELEASE / "predictions").is_dir(), f"shared data missing: {RELEASE}"
+    m3d = sorted(str(p) for p in (RELEASE / "judgments").glob("m3d_*"))
+    three = tmp_path / "m3d_three.jsonl"
+    write_jsonl(read_jsonl(RELEASE / "predictions" / "m3d_predictions_full.jsonl")[:3], three)
+    before = tree(tmp_path)
+    refused(cli("ctsvqa-jury", "--predictions", three, "--judgments", *m3d, "--align", "published", "--out", tmp_path / "j.json"),
+            "ctsvqa-jury", "m3d_three.jsonl: not the predictions these judges judged", "its 3 rows", "--align key")
+    line = refused(cli("ctsvqa-jury", "--predictions", RELEASE / "predictions" / "radfm_predictions_full.jsonl", "--judgments", *m3d,
+                       "--align", "key", "--out", tmp_path / "j.json"), "ctsvqa-jury", "radfm_predictions_full.jsonl: only", "of its 9077 predictions")
+    assert "95%" in line
+    assert tree(tmp_path) == before
+    rc, out, err = cli("ctsvqa-jury", "--predictions", RELEASE / "predictions" / "m3d_predictions_full.jsonl", "--judgments", *m3d,
+                       "--align", "published", "--out", tmp_path / "j.json")
+    assert rc == 0, err
+    res = json.loads((tmp_path / "j.json").read_text())
+    assert res["count"] == 9074 and abs(res["jury_accuracy"] - 0.3057) < 5e-5
+
+
+def test_i23_jury_wrong_typed_field_is_a_sentence(tmp_path):
+    "Clear errors: a number where a text goes names the file, the row and the field."
+    preds, judge = _jury_files(tmp_path, True)
+    write_jsonl([{"question": 7, "answer": "A1", "prediction": "P1"}], preds)
+    refused(cli("ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json"), "ctsvqa-jury",
+            "m3d_predictions_full.jsonl: row 0: the field 'question' is int 7, not text")
+    write_jsonl([{"question": "Q1", "answer": "A1", "prediction": "P1"}], preds)
+    judge.write_text(json.dumps([{"question": "Q1", "answer": ["A1"], "prediction": "P1", "is_correct": True}]))
+    refused(cli("ctsvqa-jury", "--predictions", preds, "--judgments", judge, "--out", tmp_path / "o.json"), "ctsvqa-jury",
+            "m3d_gpt_eval.json: row 0: the field 'answer' is list")
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_i23_export_name_escape_and_licences(phantom_bench, tmp_path):
+    "Item 6: --name is a plain file name (nothing outside --out); the card and LICENSE.md carry every scan's licence."
+    from PIL import Image
+    recs = read_jsonl(phantom_bench)
+    b = write_jsonl(recs, tmp_path / "in" / "b.jsonl")
+    (tmp_path / "in" / "v").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "in" / "v" / "a.png")
+    write_jsonl([{"qid": r["qid"], "files": ["v/a.png"]} for r in recs], tmp_path / "in" / "index.jsonl")
+    ids = sorted({s for r in recs for s in r["scan_ids"]})
+    (tmp_path / "in" / "scans.json").write_text(json.dumps([{"scan_id": s, "source": "tcia", "licence": "CC BY 4.0"} for s in ids]))
+    (tmp_path / "work").mkdir()
+    before = tree(tmp_path)
+    refused(cli("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl", "--name", "../../escape"),
+            "export", "--name '../../escape'", "plain file name")
+    refused(cli("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl"),
+            "export", "source 'phantom' has no licence", "--scans")
+    assert tree(tmp_path) == before and not list(tmp_path.parent.glob("escape*"))
+    rc, out, err = cli("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl",
+                       "--scans", tmp_path / "in" / "scans.json", cwd=tmp_path / "work")
+    assert rc == 0, err
+    assert f"| tcia | {len(ids)} scans; CC BY 4.0 |" in (tmp_path / "work" / "o" / "LICENSE.md").read_text()
+    assert f"- tcia: {len(ids)} scans; CC BY 4.0" in (tmp_path / "work" / "o" / "README.md").read_text()
+    assert all(p.startswith("work/o/") for p in tree(tmp_path) if p not in before)
+
+
+# --- issue 23: clear errors instead of tracebacks or silence ---------------------------------------------------------
+
+def _ct_and_labels(d: Path):
+    "A 24-voxel-wide CT and a label map with a spleen (1) and a liver (5), written as NIfTI."
+    from spatialvqa.scan import Volume, write_volume
+    lab = np.zeros((24, 24, 12), np.uint8); lab[3:9, 5:15, 2:9] = 1; lab[13:21, 5:15, 2:9] = 5
+    aff = np.diag([2.0, 2.0, 3.0, 1.0])
+    return (write_volume(Volume(np.full(lab.shape, -100, np.int16), aff), d / "ct.nii.gz"),
+            write_volume(Volume(lab, aff), d / "labels.nii.gz"))
+
+
+@pytest.mark.parametrize("args,want", [(["--size", "0"], "argument --size: 0 is out of range: it must be from 16 to 4096"),
+                                       (["--size", "100000"], "argument --size: 100000 is out of range"),
+                                       (["--margin-mm", "-5"], "argument --margin-mm: -5 is out of range")])
+def test_i23_views_size_and_margin_are_bounded(tmp_path, args, want):
+    ct, lab = _ct_and_labels(tmp_path)
+    before = tree(tmp_path)
+    refused(cli("views", ct, lab, "--structures", "spleen", "--out", tmp_path / "v", *args), "views", want)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("cmd,args,want", [
+    ("phantom", ["-n", "-3", "--out", "{d}/ph"], "argument -n: -3 is out of range: it must be from 1 to 100000"),
+    ("phantom", ["-n", "0", "--out", "{d}/ph"], "argument -n: 0 is out of range"),
+    ("report-qa", ["--reports", "{d}/r.jsonl", "--max-per-report", "-1", "--out", "{d}/q.jsonl"], "argument --max-per-report: -1 is out of range"),
+    ("views", ["{d}/ct.nii.gz", "{d}/labels.nii.gz", "--structures", "spleen", "--margin-mm", "-1", "--out", "{d}/v"], "--margin-mm: -1 is out of range")])
+def test_i23_negative_counts_and_margins_are_refused(tmp_path, cmd, args, want):
+    _ct_and_labels(tmp_path)
+    (tmp_path / "r.jsonl").write_text('{"volume": "v1", "findings": "The liver is enlarged."}\n')
+    before = tree(tmp_path)
+    refused(cli(cmd, *[a.replace("{d}", str(tmp_path)) for a in args]), cmd, want)
+    assert tree(tmp_path) == before
+
+
+def test_i23_ctrate_download_without_token_is_a_sentence(tmp_path):
+    (tmp_path / "q.jsonl").write_text('{"qid": "a", "volume": "valid_1_a_1.nii.gz", "question": "Q?", "answer": "A"}\n')
+    before = tree(tmp_path)
+    env = {k: "" for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    r = cli("ctrate-download", "--questions", tmp_path / "q.jsonl", "--out", tmp_path / "d", env=env)
+    refused(r, "ctrate-download", "CT-RATE is gated", "set the environment variable HF_TOKEN")
+    assert "internal error" not in r[2] and tree(tmp_path) == before
+
+
+def test_i23_report_qa_names_the_file_and_the_field(tmp_path):
+    (tmp_path / "r.jsonl").write_text('{"findings": "The liver is enlarged.", "impressions": "x"}\n')
+    before = tree(tmp_path)
+    refused(cli("report-qa", "--reports", tmp_path / "r.jsonl", "--out", tmp_path / "q.jsonl"), "report-qa",
+            "r.jsonl:1: the record has no field 'volume'")
+    (tmp_path / "r.jsonl").write_text('{"volume": "v1", "findings": 3}\n')
+    refused(cli("report-qa", "--reports", tmp_path / "r.jsonl", "--out", tmp_path / "q.jsonl"), "report-qa",
+            "r.jsonl: report 1: the field 'findings' is int, not text")
+    assert not (tmp_path / "q.jsonl").exists()
+
+
+def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
+    "A label map whose header scales (scl_slope 2 turns spleen 1 into kidney_right 2) and a CT with NaN/inf are refused."
+    import nibabel as nib
+    ct, lab = _ct_and_labels(tmp_path)
+    img = nib.load(str(lab))
+    scaled = nib.Nifti1Image(np.asarray(img.dataobj).astype(np.int16), img.affine); scaled.header.set_slope_inter(2, 0)
+    nib.save(scaled, tmp_path / "scaled.nii.gz")
+    before = tree(tmp_path)
+    refused(cli("measure", tmp_path / "scaled.nii.gz", "--out", tmp_path / "m.json"), "measure",
+            "scaled.nii.gz: the header scales the stored values (scl_slope 2, scl_inter 0)")
+    a = np.asarray(nib.load(str(ct)).dataobj).astype(np.float32); a[0, 0, 0] = np.nan; a[1, 1, 1] = np.inf
+    nib.save(nib.Nifti1Image(a, img.affine), tmp_path / "ct_nan.nii.gz")
+    before = tree(tmp_path)
+    refused(cli("measure", lab, "--image", tmp_path / "ct_nan.nii.gz", "--out", tmp_path / "m.json"), "measure",
+            "ct_nan.nii.gz: 2 of 6912 voxels are NaN or infinite")
+    refused(cli("views", tmp_path / "ct_nan.nii.gz", lab, "--structures", "spleen", "--out", tmp_path / "v"), "views",
+            "ct_nan.nii.gz: 2 of 6912 voxels are NaN or infinite")
+    assert tree(tmp_path) == before
+
+
+# --- issue 23: every pipeline step has a command ---------------------------------------------------------------------
+
+def readme_block(title: str) -> str:
+    "The first ```bash block of the README section `title`."
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
+    "The README's 'Your own data, without DVC' block, as it stands, from convert to table and export, outside the repository."
+    assert ROOT not in tmp_path.parents
+    env = {**os.environ, "PATH": f"{EXE.parent}{os.pathsep}{os.environ['PATH']}", "SPATIALVQA_PROGRESS": "0"}
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("Your own data, without DVC")], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_ts", "work"]            # nothing beside what the block names
+    t2 = (tmp_path / "work" / "tables" / "table2.md").read_text()
+    oracle = next(l for l in t2.splitlines() if l.startswith("| Oracle"))
+    assert oracle.count("100.0 [100.0, 100.0]") == 7 and "| Random" in t2
+    assert "| TotalSegmentator | 6 scans;" in (tmp_path / "work" / "export" / "LICENSE.md").read_text()
+    # the files name their scans relative to themselves: the work folder moved elsewhere still answers
+    moved = tmp_path / "elsewhere"; moved.mkdir()
+    (tmp_path / "work").rename(moved / "work"); (tmp_path / "my_ts").rename(moved / "my_ts")
+    rc, out, err = cli("infer", "--model", "oracle", "--benchmark", moved / "work/valid/validated.jsonl", "--out", moved / "again.jsonl", cwd=tmp_path)
+    assert rc == 0 and all(r["error"] is None for r in read_jsonl(moved / "again.jsonl")), err
+
+
+def test_i23_stage_commands_show_the_pipelines_defaults():
+    "validate's (and every stage command's) defaults are what dvc.yaml passes from params.yaml, and --help shows them."
+    import re
+    import yaml
+    from spatialvqa.cli import STAGE_COMMANDS, stage_parameters
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    differ = []
+    for stage in STAGE_COMMANDS:
+        ours = stage_parameters(stage)
+        for name, ref in re.findall(r"-p (\w+) '?\"?\$\{([\w.]+)\}", stages[stage]["cmd"]):
+            value = params
+            for k in ref.split("."): value = value[k]
+            if name == STAGE_COMMANDS[stage].get("positional"): continue       # an input the command requires
+            if name in ours and ours[name][0] != value and not (isinstance(value, (int, float)) and ours[name][0] == value):
+                differ.append(f"{stage}.{name}")
+    assert differ == ["generate.per_source"], differ            # the pipeline's own sources' budgets: no default for other data
+    h = cli("validate", "--help", env={"COLUMNS": "500"})[1]
+    for want in ("(default: chance)", "(default: 8)", "(default: prior,text,atlas,atlas_2fold,atlas_subject,atlas_3subjects,textbook,name_cue)",
+                 "(default: 0.015)", "--out"):
+        assert want in h, want
+    for cmd in ("generate", "render", "score", "tables"):
+        rc, h, err = cli(cmd, "--help", env={"COLUMNS": "500"})
+        assert rc == 0 and "--out" in h and "(default: " in h, (cmd, err)
+
+
+def test_i23_validate_needs_two_scans_and_says_so(phantom_bench, tmp_path):
+    one = tmp_path / "one.jsonl"
+    recs = read_jsonl(phantom_bench)
+    write_jsonl([r for r in recs if r["scan_id"] == recs[0]["scan_id"]], one)
+    before = tree(tmp_path)
+    refused(cli("validate", one, "--out", tmp_path / "v"), "validate",
+            "one.jsonl: the questions are about 1 scan", "needs questions about at least 2 scans")
+    assert tree(tmp_path) == before
+
+
+def test_i23_validate_wrong_field_types_name_the_file_and_write_nothing(phantom_bench, tmp_path):
+    recs = read_jsonl(phantom_bench)
+    i = next(i for i, r in enumerate(recs) if r["format"] == "numeric")
+    recs[i]["answer_value"] = "12 mL"
+    bad = write_jsonl(recs, tmp_path / "bad.jsonl")
+    before = tree(tmp_path)
+    refused(cli("validate", bad, "--out", tmp_path / "v"), "validate", f"bad.jsonl:{i + 1}: the field 'answer_value' is str '12 mL'")
+    assert tree(tmp_path) == before
+
+
+def test_i23_measure_json_feeds_validate_as_it_is(phantom_bench, tmp_path):
+    "`spatialvqa measure`'s JSON (its scan id from the folder, not 'labels') is what validate --structures takes."
+    scans = sorted({p for r in read_jsonl(phantom_bench) for p in r["label_maps"]})
+    jsons = []
+    for p in scans:
+        lab = (phantom_bench.parent / p).resolve()
+        jsons.append(tmp_path / f"{lab.parent.name}.json")
+        rc, out, err = cli("measure", lab, "--out", jsons[-1])
+        assert rc == 0, err
+        assert json.loads(jsons[-1].read_text())["scan"]["scan_id"] == lab.parent.name
+    rc, out, err = cli("validate", phantom_bench, "--structures", ",".join(map(str, jsons)), "--answerers", "prior,text",
+                       "--rule", "soft_majority", "--out", tmp_path / "v")
+    assert rc == 0, err[-3000:]
+    assert (tmp_path / "v" / "validated.jsonl").exists() and (tmp_path / "v" / "filter_report.json").exists()
+
+
+def test_i23_stage_command_failing_leaves_no_output(phantom_bench, tmp_path):
+    (tmp_path / "structures.parquet").write_bytes(b"PAR1 not parquet")
+    before = tree(tmp_path)
+    r = cli("generate", "--structures", tmp_path / "structures.parquet", "--scans", tmp_path / "structures.parquet", "--out", tmp_path / "g")
+    assert r[0] == 2 and "Traceback" not in r[2] and "structures.parquet" in r[2], r[2][-2000:]
+    assert tree(tmp_path) == before and not (tmp_path / "g").exists()
+
+
+def test_i23_score_scores_each_run_of_a_mixed_file_under_its_own_name(phantom_bench, tmp_path):
+    "Item 2: a file that holds two runs is scored as two rows, each by its own answers; no run reads as missing."
+    pred = tmp_path / "random.jsonl"
+    assert cli("infer", "--model", "random", "--benchmark", phantom_bench, "--out", pred)[0] == 0
+    assert cli("infer", "--model", "oracle", "--benchmark", phantom_bench, "--out", pred, "--mixed")[0] == 0
+    rc, out, err = cli("score", "--benchmark", phantom_bench, "--predictions", pred, "--out", tmp_path / "s")
+    assert rc == 0, err[-3000:]
+    m = json.loads((tmp_path / "s" / "metrics.json").read_text())
+    assert set(m) == {"random", "oracle"}
+    import pandas as pd
+    s = pd.read_parquet(tmp_path / "s" / "scores.parquet")
+    assert (s[s.model == "oracle"]["status"] != "error").all() and (s[s.model == "random"]["status"] != "error").all()
+    assert s[s.model == "oracle"]["correct"].astype(bool).all()
+
+
+# --- issue 23: files other tools can read ----------------------------------------------------------------------------
+
+def test_i23_simpleitk_opens_every_label_map_the_pipeline_writes(tmp_path):
+    """NIfTI-1 wherever the data fit it: the label maps of convert (pyradiomics, whose NRRD geometry is float64, and
+    TotalSegmentator's example), of the phantom cohort and of the counterfactual copies all open in SimpleITK, with
+    the geometry spatialvqa reads within 1e-4 mm."""
+    import SimpleITK as sitk
+    from spatialvqa.convert import convert
+    from spatialvqa.counterfactual import make_counterfactuals
+    from spatialvqa.phantom import make_cohort
+    from spatialvqa.scan import read_labels
+    real = ROOT.parent / "shared" / "data" / "real-ct"
+    convert("pyradiomics", real / "pyradiomics", tmp_path / "scans" / "pyradiomics", workers=0)
+    convert("totalsegmentator", real / "totalsegmentator" / "s0001", tmp_path / "scans" / "ts", workers=0)
+    make_cohort(tmp_path / "phantom", n_subjects=2, seed=5, workers=0)
+    make_counterfactuals([tmp_path / "scans" / "pyradiomics" / "scans.json"], tmp_path / "copies", phantoms=0, workers=0)
+    maps = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.name.startswith("labels") and p.suffix in (".gz", ".nii", ".nrrd"))
+    assert {p.parts[len(tmp_path.parts)] for p in maps} == {"scans", "phantom", "copies"}, maps
+    for p in maps:
+        img = sitk.ReadImage(str(p))                                      # raises on NIfTI-2
+        ras = np.diag([-1.0, -1.0, 1.0]) @ np.array(img.GetOrigin())
+        assert np.allclose(ras, read_labels(p).affine[:3, 3], atol=1e-4), p
+
+
+def test_i23_interop_check_fails_loudly_and_is_pinned():
+    """make interop: lmms-eval 0.7.3 with filelock 4 logs "No module named 'filelock._api'", evaluates nothing and exits 0;
+    the check treats any error line, a missing task and a missing or NaN metric as failures, and the interop venv is
+    pinned by interop/constraints.txt (filelock below 4)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("run_lmms_eval", ROOT / "interop" / "run_lmms_eval.py")
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    log = ("2026-11-26 | INFO | lmms_eval.__main__:cli_evaluate_single - Selected Tasks: ['spatialvqa_tracka']\n"
+           "2026-11-26 | ERROR | lmms_eval.__main__:cli_evaluate:614 - Error during evaluation: No module named 'filelock._api'.\n")
+    assert len(m.errors_in(log)) == 1 and not m.errors_in(log.splitlines()[0])
+    want = {"score": 0.25, "mc_accuracy": 0.25, "questions": 8}
+    assert m.compare({"score": 0.25, "mc_accuracy": 0.25, "numeric_mra": 0.0}, want, 0.0) == []
+    assert len(m.compare({"score": float("nan"), "numeric_mra": 0.0}, want, 0.0)) == 2        # NaN and a missing metric
+    pins = dict(l.split("==") for l in (ROOT / "interop" / "constraints.txt").read_text().splitlines() if "==" in l and not l.startswith("#"))
+    assert pins["lmms_eval"] == "0.7.3" and int(pins["filelock"].split(".")[0]) < 4 and pins["torchvision"] == "0.29.1"
+    assert "-c interop/constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_i23_ctsvqa_judge_runs_outside_the_repository(tmp_path):
+    "Rows that carry question, answer and prediction are judged as they are, from a folder outside the repository."
+    from spatialvqa.llm import FakeOpenAIServer
+    rows = [{"question": "Which kidney is larger?", "answer": "The left kidney.", "prediction": "Left."},
+            {"question": "Is the liver enlarged?", "answer": "No.", "prediction": "Yes, markedly."}]
+    preds = write_jsonl(rows, tmp_path / "my_model.jsonl")
+    verdict = lambda body: '{"correct": true, "reason": "same"}' if "Left." in body["messages"][-1]["content"] else '{"correct": false, "reason": "no"}'
+    with FakeOpenAIServer(reply=verdict) as srv:
+        rc, out, err = cli("ctsvqa-judge", "--predictions", preds, "--judge", f"openai:judge@{srv.base_url}", "--out", tmp_path / "j" / "judged.jsonl",
+                           cwd=tmp_path, env={"OPENAI_API_KEY": "sk-local-judge-000000"})
+    assert rc == 0, err[-3000:]
+    assert "2 questions" in out and "jury accuracy 0.5000 over 2 judged questions" in out, out
+    judged = read_jsonl(tmp_path / "j" / "judged.jsonl")
+    assert [r["jury"] for r in judged] == [True, False] and [r["qid"] for r in judged] == ["0", "1"]
+    assert all(p.is_relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+
+def test_i23_validate_scans_table_without_affine_names_the_file_and_column(phantom_bench, tmp_path):
+    "Clear errors: `validate --scans` on a table without the measure stage's columns says which, not just 'affine'."
+    import pandas as pd
+    from spatialvqa.measure import measure_manifests
+    table, scans, _ = measure_manifests([phantom_bench.parent / "scans" / "cohort.json"], workers=0)
+    table.to_parquet(tmp_path / "structures.parquet")
+    scans.drop(columns=["affine"]).to_parquet(tmp_path / "scans.parquet")
+    before = tree(tmp_path)
+    refused(cli("validate", phantom_bench, "--structures", tmp_path / "structures.parquet", "--scans", tmp_path / "scans.parquet",
+                "--out", tmp_path / "v"), "validate", "scans.parquet: not a table of the measure stage", "lacks 'affine'")
+    assert tree(tmp_path) == before

@@ -99,7 +99,7 @@ def test_download_fixed_copies_and_needs_a_token(tmp_path, hub, monkeypatch):
     recs, rejected = R.download_ctrate(["valid_7_a_1.nii.gz"], tmp_path / "ct", fixed=True)
     assert not rejected and recs[0]["status"] == "copied" and hub[-1]["filename"].startswith("dataset/valid_fixed/")
     monkeypatch.delenv("HF_TOKEN")
-    with pytest.raises(LookupError, match="set HF_TOKEN"): R.download_ctrate(["valid_7_a_2.nii.gz"], tmp_path / "other")
+    with pytest.raises(LookupError, match="set the environment variable HF_TOKEN"): R.download_ctrate(["valid_7_a_2.nii.gz"], tmp_path / "other")
 
 
 # ---------------------------------------------------------------- rule-based generation

@@ -242,7 +242,15 @@ def test_scaled_labels_non_integer(tmp_path):
     img = nib.Nifti1Image(labels(dtype=np.int16), AFF)
     img.header.set_slope_inter(0.5, 0)  # stored 3 -> 1.5
     nib.save(img, str(tmp_path / "scaled.nii.gz"))
-    expect(tmp_path / "scaled.nii.gz", "non-integer label values", read_labels)
+    expect(tmp_path / "scaled.nii.gz", "the header scales the stored values (scl_slope 0.5, scl_inter 0)", read_labels)
+
+
+def test_scaled_labels_integer_are_refused_too(tmp_path):
+    "Issue 23: slope 2 would turn a stored spleen (1) into kidney_right (2); any scaling of a label map is refused."
+    img = nib.Nifti1Image(labels(dtype=np.int16), AFF)
+    img.header.set_slope_inter(2, 0)
+    nib.save(img, str(tmp_path / "scaled2.nii.gz"))
+    expect(tmp_path / "scaled2.nii.gz", "a stored label 1 would read as 2", read_labels)
 
 
 # ---------------------------------------------------------------- read_scan agreement
@@ -313,7 +321,10 @@ def test_write_read_roundtrip(tmp_path, ext, affine):
     for arr in (ct(), labels(), np.random.default_rng(0).normal(size=(3, 4, 5)).astype(np.float32)):
         back = read_volume(write_volume(Volume(arr, affine), tmp_path / f"v{ext}"))
         assert np.array_equal(back.array, arr) and back.array.dtype == arr.dtype
-        assert np.array_equal(back.affine, affine)  # exactly, not approximately
+        if ext.startswith(".nii"):   # NIfTI-1 (what every tool reads, issue 23): a float32 affine, rounded by <= 6e-8 of its size
+            assert np.abs(back.affine - affine).max() <= 6e-8 * np.abs(affine).max()
+            assert np.array_equal(back.affine, affine) == np.array_equal(affine.astype(np.float32), affine)
+        else: assert np.array_equal(back.affine, affine)  # exactly, not approximately
 
 
 def test_nrrd_lps_to_ras(tmp_path):
@@ -387,7 +398,7 @@ def test_dicom_roundtrip_matches_nifti(tmp_path):
     for f in sorted(folder.iterdir()):  # file names no longer follow slice position
         f.rename(folder / f"z{(5 * int(f.stem)) % 8}.dcm")
     d = read_volume(folder)
-    n = read_volume(write_volume(vol, tmp_path / "twin.nii.gz"))
+    n = read_volume(write_volume(vol, tmp_path / "twin.nrrd"))     # NRRD keeps the float64 geometry (NIfTI-1: float32)
     assert np.array_equal(d.array, n.array) and np.allclose(d.affine, n.affine, atol=1e-8, rtol=0)
     ds = pydicom.dcmread(next(folder.iterdir()))
     assert ds.SOPClassUID == pydicom.uid.CTImageStorage and ds.file_meta.TransferSyntaxUID == pydicom.uid.ExplicitVRLittleEndian
