@@ -17,20 +17,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .anatomy import NAME_TO_ID, readable
+from .anatomy import NAME_TO_ID, counterpart, readable, side
 from .core import parallel_map, series_colours
 from .inflate import gunzip_bytes
 from .measure import measure_labels, structures_table
-from .questions import (LETTERS, MARGIN_QUANTITIES, MIN_VOLEST_RATIO, STRUCTURE_CLASSES, TASK_QUANTITIES, TASKS, Margins,
-                        box_distance, evaluate, generate_questions, structure_class, structure_from_row)
+from .questions import (LETTERS, MARGIN_QUANTITIES, MIN_VOLEST_RATIO, PAIR_QUANTITIES, STRUCTURE_CLASSES, TASK_QUANTITIES, TASKS, Margins,
+                        box_distance, evaluate, generate_questions, pair_stem, structure_class, structure_from_row)
 from .scan import ScanError, Volume, _check_geometry, _nrrd_ras_sign, read_volume
 from .stats import mra
 
 # %% auto #0
 __all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'AXES', 'QUANTITY_COLUMNS', 'CLASS_EXAMPLES', 'our_name', 'read_mask',
            'despeckle', 'ReaderMap', 'read_reader', 'two_reader_scans', 'measure_two_readers', 'paired', 'spreads',
-           'pair_differences', 'derive_margins', 'margins_table', 'reader_tables', 'flip_study', 'flip_summary',
-           'holds', 'survival', 'held_out_flips', 'plot_interreader']
+           'pair_differences', 'derive_margins', 'margins_table', 'pair_side_differences', 'derive_pair_margins',
+           'reader_tables', 'flip_study', 'flip_summary', 'holds', 'survival', 'held_out_flips', 'plot_interreader']
 
 # %% ../nbs/28_interreader.ipynb #a6614310
 NIKOLOV_NAMES: dict[str, str] = {
@@ -246,16 +246,21 @@ def _ceil(v: float, step: float) -> float:
     return round(math.ceil(v / step - 1e-9) * step, 6)
 
 def derive_margins(diffs: pd.DataFrame, percentile: float = 100, min_voxels: int = 50, safety: float = 1.0,
-                   provenance: str = "") -> Margins:
+                   provenance: str = "", min_pairs: int | None = 20) -> Margins:
     """`Margins` from `paired` differences: per class and quantity the `percentile` of the absolute differences of
     structures with at least `min_voxels` voxels in both readers, times `safety`, rounded up (volumes to 0.01, mm to
-    0.1); a class without data (lesions) takes the widest margins of the measured classes other than tubes."""
+    0.1); a class without data (lesions) takes the widest margins of the measured classes other than tubes. A structure
+    measured in at least `min_pairs` scans also gets margins of its own, from its differences alone (None: classes only):
+    one parotid's spread is not the submandibular gland's, though both are glands. The left and right of a pair take
+    the larger of their two (a mirrored copy swaps their names, and its questions must keep their margins)."""
     d = diffs[(diffs.voxels_a >= min_voxels) & (diffs.voxels_b >= min_voxels)]
     out: dict[str, dict] = {q: {} for q in MARGIN_QUANTITIES}
-    for cls, g in d.groupby("class", sort=True):
+    def put(key, g):
         for q, cols in QUANTITY_COLUMNS.items():
             v = [_ceil(safety * float(np.percentile(np.abs(g[c].to_numpy()), percentile)), 0.01 if q == "volume" else 0.1) for c in cols]
-            out[q][cls] = v[0] if q == "volume" else tuple(v)
+            out[q][key] = v[0] if q == "volume" else tuple(v)
+    for cls, g in d.groupby("class", sort=True): put(cls, g)
+    names = sorted(n for n, g in d.groupby("name") if min_pairs is not None and len(g) >= min_pairs)
     for q, table in out.items():
         wide = [v for k, v in table.items() if k != "tube"]
         if not wide: continue
@@ -263,6 +268,12 @@ def derive_margins(diffs: pd.DataFrame, percentile: float = 100, min_voxels: int
         for cls in STRUCTURE_CLASSES:
             if cls not in table: table[cls] = widest
         out[q] = {k: table[k] for k in STRUCTURE_CLASSES}
+    for n in names: put(n, d[d.name == n])
+    for n in names:
+        if (m := counterpart(n)) in names and n < m:
+            for q, table in out.items():
+                both = (table[n], table[m])
+                table[n] = table[m] = max(both) if q == "volume" else tuple(max(a, b) for a, b in zip(*both))
     return Margins(**out, provenance=provenance)
 
 CLASS_EXAMPLES = {"tiny": "eye_lens_left", "gland": "parotid_gland_left", "bone": "mandible", "tube": "spinal_cord",
@@ -277,6 +288,37 @@ def margins_table(m: Margins) -> pd.DataFrame:
         for q in MARGIN_QUANTITIES[1:]: r.update({f"{q}_{a}": float(v) for a, v in zip(AXES, m.of(q, CLASS_EXAMPLES[cls]))})
         rows.append(r)
     return pd.DataFrame(rows)
+
+# %% ../nbs/28_interreader.ipynb #5ef23ee6
+def pair_side_differences(structures: pd.DataFrame, a: str = READERS[0], b: str = READERS[1], min_voxels: int = 50) -> pd.DataFrame:
+    """One row per scan and left-right pair that both readers contoured on both sides (each side >= `min_voxels`):
+    `stem`, `b` minus `a` of ln(V_left / V_right) (`pair_volume`) and of the centroid offset left minus right
+    (`pair_centroid_x/y/z`, mm)."""
+    rows = []
+    for (sid, reader), g in structures.groupby(["scan_id", "reader"]):
+        by = g.set_index("name")
+        for n in by.index:
+            m = counterpart(n)
+            if side(n) != "left" or m not in by.index or min(by.loc[n].voxels, by.loc[m].voxels) < min_voxels: continue
+            rows.append({"scan_id": sid, "reader": reader, "stem": pair_stem(n), "ln_ratio": math.log(by.loc[n].volume_ml / by.loc[m].volume_ml),
+                         **{f"off_{ax}": float(by.loc[n][f"centroid_{ax}"] - by.loc[m][f"centroid_{ax}"]) for ax in AXES}})
+    t = pd.DataFrame(rows, columns=["scan_id", "reader", "stem", "ln_ratio", *(f"off_{ax}" for ax in AXES)])
+    A, B = (t[t.reader == r].set_index(["scan_id", "stem"]) for r in (a, b))
+    both = A.index.intersection(B.index).sort_values()
+    out = pd.DataFrame(index=both)
+    out["pair_volume"] = (B.loc[both, "ln_ratio"] - A.loc[both, "ln_ratio"]).to_numpy()
+    for ax in AXES: out[f"pair_centroid_{ax}"] = (B.loc[both, f"off_{ax}"] - A.loc[both, f"off_{ax}"]).to_numpy()
+    return out.round(9).reset_index()
+
+def derive_pair_margins(pdiffs: pd.DataFrame, percentile: float = 100, safety: float = 1.0, min_pairs: int = 20) -> dict:
+    "`pair_volume` and `pair_centroid` margins per stem measured in at least `min_pairs` scans (the `Margins` fields)."
+    out = {"pair_volume": {}, "pair_centroid": {}}
+    for stem, g in pdiffs.groupby("stem", sort=True):
+        if len(g) < min_pairs: continue
+        q = lambda c, step: _ceil(safety * float(np.percentile(np.abs(g[c].to_numpy()), percentile)), step)
+        out["pair_volume"][stem] = q("pair_volume", 0.01)
+        out["pair_centroid"][stem] = tuple(q(f"pair_centroid_{ax}", 0.1) for ax in AXES)
+    return out
 
 # %% ../nbs/28_interreader.ipynb #136a7f7a
 def reader_tables(structures: pd.DataFrame, scans: pd.DataFrame, reader: str, both: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -360,7 +402,7 @@ def survival(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins, pe
 # %% ../nbs/28_interreader.ipynb #d595cb9b
 def held_out_flips(structures: pd.DataFrame, scans: pd.DataFrame, folds: int = 5, percentile: float = 100,
                    safety: float = 1.0, min_voxels: int = 50, per_scan: Mapping[str, int] | None = None,
-                   seed: int = 0) -> pd.DataFrame:
+                   seed: int = 0, min_pairs: int | None = 20) -> pd.DataFrame:
     "`flip_study` of each fold of scans with margins derived from the other folds (`fold` column: the fold left out)."
     from spatialvqa.stats import group_folds
     diffs = paired(structures)
@@ -368,7 +410,7 @@ def held_out_flips(structures: pd.DataFrame, scans: pd.DataFrame, folds: int = 5
     out = []
     for k in range(folds):
         held = {s for s, f in fold_of.items() if f == k}
-        m = derive_margins(diffs[~diffs.scan_id.isin(held)], percentile, min_voxels, safety)
+        m = derive_margins(diffs[~diffs.scan_id.isin(held)], percentile, min_voxels, safety, min_pairs=min_pairs)
         f = flip_study(structures[structures.scan_id.isin(held)], scans[scans.scan_id.isin(held)], m, per_scan, seed, min_voxels)
         out.append(f.assign(fold=k))
     return pd.concat(out, ignore_index=True)

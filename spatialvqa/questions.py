@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, askable, counterpart, readable, reference_range
+from .anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, askable, counterpart, readable, reference_range, side
 from .core import dumps, get_logger, stable_hash
 from .measure import Structure, bbox_center_distance, direction, measure_labels, offset
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
-           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'TASK_QUANTITIES', 'STRUCTURE_CLASSES',
-           'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE', 'SUBTASKS', 'POINTS',
-           'EVALUATORS', 'ELONGATED', 'COVERAGE_DEPENDENT', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS',
-           'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume',
-           'direction_margin', 'structure_class', 'Margins', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers',
-           'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent',
-           'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context', 'positional',
-           'plausible_volume', 'plausible_length', 'related', 'AskPolicy', 'measurement', 'measured_structure',
-           'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions', 'structures_of',
-           'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations', 'with_rotations',
-           'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
+           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'TASK_QUANTITIES',
+           'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE',
+           'SUBTASKS', 'POINTS', 'PAIR_EDGES', 'EVALUATORS', 'ELONGATED', 'COVERAGE_DEPENDENT', 'GENERATORS',
+           'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance',
+           'tol_extent', 'tol_volume', 'direction_margin', 'structure_class', 'Margins', 'pair_stem', 'vol_larger',
+           'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row',
+           'plane_phrase', 'phys_extent', 'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
+           'positional', 'plausible_volume', 'plausible_length', 'related', 'AskPolicy', 'measurement',
+           'measured_structure', 'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions',
+           'structures_of', 'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations',
+           'with_rotations', 'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
@@ -135,6 +135,8 @@ def _level(g: Geometry, axis: int) -> float:
 
 # %% ../nbs/20_questions.ipynb #b7e3c1a1
 MARGIN_QUANTITIES = ("volume", "centroid", "bbox_center", "extent")
+PAIR_QUANTITIES = ("pair_volume", "pair_centroid")   # of a left-right pair together: ln(V_left / V_right), centroid offset
+PAIR_TASKS = {"COMP": "pair_volume", "DIR": "pair_centroid"}
 TASK_QUANTITIES = {"DIR": ("centroid", "bbox_center"), "DIST": ("bbox_center",), "EXT": ("extent",),
                    "VOL": ("volume",), "COMP": ("volume",), "VOLEST": ("volume",)}
 STRUCTURE_CLASSES = ("tiny", "gland", "bone", "tube", "organ", "large_organ", "lesion")
@@ -161,61 +163,89 @@ def structure_class(name: str) -> str:
 class Margins:
     """How far a second reader's contours may move what a question reads, per structure class (`structure_class`):
     `volume` as |ln(V₂/V₁)|, `centroid` and `bbox_center` shifts and `extent` differences in mm along world x, y, z.
-    A class not listed takes the `"default"` entry's, else none; `provenance` says where the numbers come from."""
+    A structure that has an entry of its own (a structure the two-reader set measured often enough) takes it; any other
+    takes its class's, else the `"default"` entry's, else none; `provenance` says where the numbers come from.
+    `pair_volume` and `pair_centroid`, per pair stem (`parotid_gland`): how far a second reader moves what a question
+    about a left-right pair reads, ln(V_left / V_right) and the offset of the two centroids (mm per axis); a pair not
+    listed takes the sum of its two sides' own margins (their worst case: one side up, the other down)."""
     volume: Mapping[str, float] = field(default_factory=dict)
     centroid: Mapping[str, Sequence[float]] = field(default_factory=dict)
     bbox_center: Mapping[str, Sequence[float]] = field(default_factory=dict)
     extent: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    pair_volume: Mapping[str, float] = field(default_factory=dict)
+    pair_centroid: Mapping[str, Sequence[float]] = field(default_factory=dict)
     provenance: str = ""
 
     def of(self, quantity: str, name: str) -> float | np.ndarray:
-        "The margin of `quantity` for the structure `name`: a number for the volume, x, y, z mm otherwise."
+        "The margin of `quantity` for the structure `name` (a pair stem for the pair quantities): a number for volumes, x, y, z mm otherwise."
         table = getattr(self, quantity)
-        v = table.get(structure_class(name), table.get("default"))
+        if quantity in PAIR_QUANTITIES:
+            if name in table: return float(table[name]) if quantity == "pair_volume" else np.asarray(table[name], dtype=np.float64)
+            own = quantity.removeprefix("pair_")
+            return self.of(own, f"{name}_left") + self.of(own, f"{name}_right")
+        v = table.get(name, table.get(structure_class(name), table.get("default")))
         if quantity == "volume": return 0.0 if v is None else float(v)
         return np.zeros(3) if v is None else np.asarray(v, dtype=np.float64)
 
     def __bool__(self) -> bool:
-        return any(np.any(np.asarray(v, dtype=np.float64) != 0) for q in MARGIN_QUANTITIES for v in getattr(self, q).values())
+        return any(np.any(np.asarray(v, dtype=np.float64) != 0) for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES)
+                   for v in getattr(self, q).values())
 
     def for_spec(self, names: Iterable[str], task: str) -> dict | None:
         "What a question's spec carries: the margins of `names` for the quantities `task` reads (None without margins)."
         if not self: return None
         names = sorted(set(names))
-        return {q: {n: round(self.of(q, n), 6) if q == "volume" else [round(float(x), 6) for x in self.of(q, n)] for n in names}
-                for q in TASK_QUANTITIES[task]}
+        out = {q: {n: round(self.of(q, n), 6) if q == "volume" else [round(float(x), 6) for x in self.of(q, n)] for n in names}
+               for q in TASK_QUANTITIES[task]}
+        stems = sorted({pair_stem(n) for n in names if side(n) == "left" and counterpart(n) in names})
+        if (q := PAIR_TASKS.get(task)) and stems:
+            out[q] = {s: round(self.of(q, s), 6) if q == "pair_volume" else [round(float(x), 6) for x in self.of(q, s)] for s in stems}
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> "Margins":
         "Margins from a mapping like params.yaml's `generate.margins` (None or empty: no margins); refuses unknown keys."
         if not d: return cls()
-        bad = set(d) - {*MARGIN_QUANTITIES, "provenance"}
-        if bad: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {MARGIN_QUANTITIES}")
+        bad = set(d) - {*MARGIN_QUANTITIES, *PAIR_QUANTITIES, "provenance"}
+        if bad: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {(*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}")
         out = {}
         for q in MARGIN_QUANTITIES:
             table = dict(d.get(q) or {})
-            bad = set(table) - {*STRUCTURE_CLASSES, "default"}
-            if bad: raise ValueError(f"{q}: unknown structure classes {sorted(bad)}; expected some of {STRUCTURE_CLASSES}")
+            bad = set(table) - {*STRUCTURE_CLASSES, "default", *NAME_TO_ID}
+            if bad: raise ValueError(f"{q}: unknown structure classes or names {sorted(bad)}; expected some of {STRUCTURE_CLASSES} or label names")
             for k, v in table.items():
                 v = np.asarray(v, dtype=np.float64)
                 if v.shape != (() if q == "volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
                     raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'volume' else 'three numbers'} >= 0")
                 table[k] = float(v) if q == "volume" else tuple(float(x) for x in v)
             out[q] = table
+        for q in PAIR_QUANTITIES:
+            table = {}
+            for k, v in dict(d.get(q) or {}).items():
+                v = np.asarray(v, dtype=np.float64)
+                if v.shape != (() if q == "pair_volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
+                    raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'pair_volume' else 'three numbers'} >= 0")
+                if f"{k}_left" not in NAME_TO_ID: raise ValueError(f"{q}: {k!r} is not the stem of a left-right pair of labels")
+                table[k] = float(v) if q == "pair_volume" else tuple(float(x) for x in v)
+            out[q] = table
         return cls(**out, provenance=str(d.get("provenance") or ""))
 
     def to_dict(self) -> dict:
         "The mapping `from_dict` reads back (plain Python numbers)."
-        out = {q: {k: float(v) if q == "volume" else [float(x) for x in v] for k, v in getattr(self, q).items()}
-               for q in MARGIN_QUANTITIES}
-        return {**out, "provenance": self.provenance}
+        out = {q: {k: float(v) if q in ("volume", "pair_volume") else [float(x) for x in v] for k, v in getattr(self, q).items()}
+               for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}
+        return {**{q: v for q, v in out.items() if v or q in MARGIN_QUANTITIES}, "provenance": self.provenance}
 
 NO_MARGINS = Margins()
 
+def pair_stem(name: str) -> str:
+    "A sided label's name without its side word: `parotid_gland_left` -> `parotid_gland`, `kidney_right` -> `kidney`."
+    return "_".join(t for t in name.split("_") if t not in ("left", "right"))
+
 def _mg(spec: Mapping, quantity: str, name: str) -> float | np.ndarray:
-    "The margin of `quantity` for `name` that a question's spec carries (0 when it carries none)."
+    "The margin of `quantity` for `name` (a pair stem for the pair quantities) that a question's spec carries (0 when it carries none)."
     v = ((spec.get("margins") or {}).get(quantity) or {}).get(name)
-    if quantity == "volume": return 0.0 if v is None else float(v)
+    if quantity in ("volume", "pair_volume"): return 0.0 if v is None else float(v)
     return np.zeros(3) if v is None else np.asarray(v, dtype=np.float64)
 
 # %% ../nbs/20_questions.ipynb #a4086612
@@ -376,6 +406,9 @@ TEMPLATES: dict[str, list[str]] = {
     "DIR.relative_to": [
         "Which of these structures lies {rel} {ref}?",
         "One of the following structures is located {rel} {ref}. Which one?"],
+    "DIR.level": [
+        "Of {a} and {b}, which lies {which}, and by how much?",
+        "Which lies {which}, {a} or {b}, and by how much?"],
     "DIST.value": [
         "What is the distance between the bounding-box centres of {a} and {b}?",
         "How far apart are {a} and {b}, measured between the centres of their bounding boxes?",
@@ -425,6 +458,9 @@ TEMPLATES: dict[str, list[str]] = {
         "Which of these structures is the {sup}?",
         "Which of these structures has the {sup} volume?",
         "By volume, which of the following is the {sup}?"],
+    "COMP.asymmetry": [
+        "Which is larger, {a} or {b}, and by how much?",
+        "Comparing the volumes of {a} and {b}, which is larger, and by how much?"],
     "COMP.rank": [
         "Which ordering lists {names} by volume, {order}?",
         "Rank {names} by volume, {order}."],
@@ -441,7 +477,8 @@ TEMPLATES: dict[str, list[str]] = {
 }
 # Every question ends with the convention and unit of what it measures (one sentence per task), and a question
 # about a structure that the scan's faces cut says that only the scanned part counts (`SCOPE`).
-CONVENTIONS: dict[str, str] = {
+CONVENTIONS: dict[str, str] = {   # per task; a subtask with its own entry takes that instead
+    "DIR.level": "Positions are compared in the patient's frame by each structure's centre of mass.",
     "DIR": "Positions are compared in the patient's frame by each structure's centre of mass and the centre of its bounding box.",
     "DIST": "Distances are in millimetres between the centres of the structures' bounding boxes.",
     "EXT": "Extents are in millimetres, between the outer faces of the outermost voxels (the voxel bounding box).",
@@ -733,6 +770,36 @@ def _ev_volest_cross(spec, S, G, robust=False):
     wide = math.expm1(2 * _mg(spec, "volume", spec["a"]))
     return None, r, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": r * (_vol_rel(a) + _vol_rel(b) + wide)}
 
+# %% ../nbs/20_questions.ipynb #236f1379
+PAIR_EDGES = {"COMP.asymmetry": (0.8, 1.0, 1.25), "DIR.level": (-10.0, 0.0, 10.0)}   # bin edges: ratio, mm
+
+def _pair_bins(edges: Sequence[float]) -> list[list[float | None]]:
+    "Four bins from three edges, highest first (the left ahead by most, ..., the right ahead by most)."
+    e = sorted(edges)
+    return [[e[2], None], [e[1], e[2]], [e[0], e[1]], [None, e[0]]]
+
+def _in_bins(x: float, w: float, bins) -> list[bool | None]:
+    "Per bin [lo, hi): True when all of x ± w lies inside it, False when none of it does, else None."
+    out = []
+    for lo, hi in bins:
+        lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
+        out.append(True if lo <= x - w and x + w < hi else False if x + w < lo or x - w >= hi else None)
+    return out
+
+def _ev_comp_asymmetry(spec, S, G, robust=False):
+    a, b = S[0][spec["a"]], S[0][spec["b"]]
+    lr = math.log(a.volume_ml / b.volume_ml)
+    w = math.log1p(_vol_rel(a)) + math.log1p(_vol_rel(b)) + (_mg(spec, "pair_volume", pair_stem(spec["a"])) if robust else 0.0)
+    bins = [[None if v is None else math.log(v) for v in bn] for bn in spec["options"]]
+    return _in_bins(lr, w, bins), math.exp(lr), {"volume_ml": [a.volume_ml, b.volume_ml], "ratio": math.exp(lr),
+                                                 "tolerance_ln": w}
+
+def _ev_dir_level(spec, S, G, robust=False):
+    ax, g = spec["axis"], G[0]
+    d = float(np.asarray(S[0][spec["a"]].centroid)[ax] - np.asarray(S[0][spec["b"]].centroid)[ax])
+    w = _level(g, ax) + (float(_mg(spec, "pair_centroid", pair_stem(spec["a"]))[ax]) if robust else 0.0)
+    return _in_bins(d, w, spec["options"]), d, {"offset_mm": d, "tolerance_mm": w}
+
 # %% ../nbs/20_questions.ipynb #c7f70b9b
 EVALUATORS: dict[str, Callable] = {
     "DIR.relative": _ev_dir_relative, "DIR.extreme": _ev_dir_extreme, "DIR.relative_to": _ev_dir_relative_to,
@@ -742,7 +809,7 @@ EVALUATORS: dict[str, Callable] = {
     "VOL.value": _ev_vol_value, "VOL.range": _ev_vol_range, "VOL.threshold": _ev_vol_threshold, "VOL.sum": _ev_vol_sum,
     "VOL.difference": _ev_vol_difference, "COMP.than": _ev_comp_than, "COMP.extreme": _ev_comp_extreme,
     "COMP.rank": _ev_comp_rank, "VOLEST.absolute": _ev_volest_absolute, "VOLEST.ratio": _ev_volest_ratio,
-    "VOLEST.cross_case": _ev_volest_cross,
+    "VOLEST.cross_case": _ev_volest_cross, "DIR.level": _ev_dir_level, "COMP.asymmetry": _ev_comp_asymmetry,
 }
 
 def evaluate(record: dict, structures: Sequence[Mapping[str, Structure]], robust: bool = False) -> dict:
@@ -1359,6 +1426,45 @@ def _g_volest_cross(c, rng, focus, others=()):
     it["spec"]["spacing_mm"] = [[round(float(v), 6) for v in x.geom.spacing] for x in (first, second)]
     return it
 
+# %% ../nbs/20_questions.ipynb #ccb7b4ab
+def _sides(c: ScanContext, focus: str | None) -> list[tuple[str, str]]:
+    "(left, right) of every pair whose two sides are in the pool, the focus's pair alone when there is a focus."
+    pairs = [(n, m) for n in c.pool if side(n) == "left" and (m := counterpart(n)) in c.pool]
+    return [p for p in pairs if focus in p] if focus else pairs
+
+def _pair_item(c: ScanContext, rng, sub: str, pair: tuple[str, str], value: float, fields: dict, spec: dict) -> dict:
+    "A pair question whose correct bin is where `value` falls; its two orders (highest first, lowest first) as variants."
+    bins = _pair_bins(PAIR_EDGES[sub])
+    i = next(k for k, (lo, hi) in enumerate(bins) if (lo is None or value >= lo) and (hi is None or value < hi))
+    word = {"COMP.asymmetry": "by", "DIR.level": "by"}[sub]
+    unit = "%" if sub == "COMP.asymmetry" else " mm"
+    big = f"{round(100 * (PAIR_EDGES[sub][2] - 1))}{unit}" if sub == "COMP.asymmetry" else f"{PAIR_EDGES[sub][2]:g}{unit}"
+    text = [f"The left, {word} more than {big}", f"The left, {word} {big} or less", f"The right, {word} {big} or less",
+            f"The right, {word} more than {big}"]
+    opts = [{"key": b, "text": t} for b, t in zip(bins, text)]
+    variants = [None] * 4
+    variants[i], variants[3 - i] = opts, opts[::-1]
+    a, b = pair
+    return _item(c, sub, [a, b], {"a": c.name(a), "b": c.name(b), **fields}, {"a": a, "b": b, **spec}, variants=variants)
+
+def _g_comp_asymmetry(c, rng, focus, others=()):
+    pairs = _sides(c, focus)
+    if not pairs: return None
+    a, b = pairs[int(rng.integers(len(pairs)))]
+    return _pair_item(c, rng, "COMP.asymmetry", (a, b), c.s(a).volume_ml / c.s(b).volume_ml, {}, {})
+
+_LEVEL_WORD = {2: "higher (more superior)", 1: "further forward (more anterior)"}
+
+def _g_dir_level(c, rng, focus, others=()):
+    c = c.restrict(positional)
+    pairs = _sides(c, focus)
+    if not pairs: return None
+    a, b = pairs[int(rng.integers(len(pairs)))]
+    ax = (2, 1)[int(rng.integers(2))]
+    if ax in c.cut_of([a, b]): return None
+    d = float(np.asarray(c.s(a).centroid)[ax] - np.asarray(c.s(b).centroid)[ax])
+    return _pair_item(c, rng, "DIR.level", (a, b), d, {"which": _LEVEL_WORD[ax]}, {"axis": ax})
+
 GENERATORS: dict[str, Callable] = {
     "DIR.relative": _g_dir_relative, "DIR.extreme": _g_dir_extreme, "DIR.relative_to": _g_dir_relative_to,
     "DIST.value": _g_dist_value, "DIST.closest": lambda c, r, f, o=(): _g_dist_best(c, r, f, False),
@@ -1367,7 +1473,7 @@ GENERATORS: dict[str, Callable] = {
     "VOL.value": _g_vol_value, "VOL.range": _g_vol_range, "VOL.threshold": _g_vol_threshold, "VOL.sum": _g_vol_sum,
     "VOL.difference": _g_vol_difference, "COMP.than": _g_comp_than, "COMP.extreme": _g_comp_extreme,
     "COMP.rank": _g_comp_rank, "VOLEST.absolute": _g_volest_absolute, "VOLEST.ratio": _g_volest_ratio,
-    "VOLEST.cross_case": _g_volest_cross,
+    "VOLEST.cross_case": _g_volest_cross, "DIR.level": _g_dir_level, "COMP.asymmetry": _g_comp_asymmetry,
 }
 
 # %% ../nbs/20_questions.ipynb #dbeeaf98
@@ -1404,7 +1510,7 @@ def _finish(item: dict, contexts: Mapping[str, ScanContext], rng) -> dict | None
     q = TEMPLATES[sub][k].format(**item["fields"])
     axes = item["spec"].get("axes")
     if axes is not None: q = q[:-1] + ", " + plane_phrase(axes) + q[-1]
-    q = f"{q} {CONVENTIONS[sub.split('.')[0]]}"
+    q = f"{q} {CONVENTIONS.get(sub) or CONVENTIONS[sub.split('.')[0]]}"
     if c.cut_of(names):
         item["spec"] = {**item["spec"], "region": c.geom.region()}
         q = f"{SCOPE} {q}"
