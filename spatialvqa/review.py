@@ -21,8 +21,9 @@ from .stats import cohen_kappa
 from .validate import review_sheet
 
 # %% auto #0
-__all__ = ['CRITERIA', 'SCORE_MEANING', 'INCLUDE_ABOVE', 'reader_sheet', 'write_reader_sheet', 'read_reader_sheets', 'inclusion',
-           'pair_kappas', 'apply_review']
+__all__ = ['CRITERIA', 'SCORE_MEANING', 'INCLUDE_ABOVE', 'READ_CRITERIA', 'reader_sheet', 'write_reader_sheet',
+           'read_reader_sheets', 'inclusion', 'pair_kappas', 'apply_review', 'clinical_read_sample',
+           'clinical_read_summary']
 
 # %% ../nbs/26_review.ipynb #3e6ac69a
 CRITERIA = ("clinical_logicality", "quantitative_consistency", "exhaustive_mutuality")
@@ -110,3 +111,45 @@ def apply_review(records: Sequence[Mapping], scores: pd.DataFrame, unrated: str 
                "kept": len(kept), "removed": len(removed), "unrated": unrated, "readers": sorted(scores["reader"].unique().tolist()),
                "scores_for_unknown_qids": stray}
     return kept, removed, summary
+
+# %% ../nbs/26_review.ipynb #8bbffc0b
+READ_CRITERIA = ("meaningful", "unambiguous", "answerable")
+
+def clinical_read_sample(records: Sequence[Mapping], n: int = 40, seed: int = 0) -> pd.DataFrame:
+    """A sheet of `n` original questions (seeded; as evenly over the tasks as they allow) with the context to judge them
+    and a blank yes/no column per `READ_CRITERIA` and a `note`."""
+    import json
+    orig = [r for r in records if not r.get("pair_of")]
+    by_task: dict[str, list] = {}
+    for r in sorted(orig, key=lambda r: r["qid"]): by_task.setdefault(r["task"], []).append(r)
+    rng = np.random.default_rng(seed)
+    for rs in by_task.values(): rng.shuffle(rs)
+    picked, k = [], 0
+    while len(picked) < min(n, len(orig)):                   # round robin over the tasks
+        for t in sorted(by_task):
+            if k < len(by_task[t]) and len(picked) < n: picked.append(by_task[t][k])
+        k += 1
+    rows = []
+    for r in picked:
+        ms = (r.get("measurements") or {}).get("structures") or []
+        ctx = "; ".join(f"{m['name']}: {m['volume_ml']:.3g} mL, {m['voxels']} voxels, extent "
+                        + " x ".join(f"{v:.0f}" for v in m["extent_mm"]) + " mm" for m in ms)
+        box = next((m.get("voxel_box_mm") for m in ms if m.get("voxel_box_mm")), None)
+        rows.append({"qid": r["qid"], "source": r.get("source"), "task": r["task"], "subtask": r.get("subtask"),
+                     "question": r["question"],
+                     "options": " | ".join(f"{l}. {o}" for l, o in zip("ABCD", r.get("options") or [])) if r.get("options") else "",
+                     "key": r.get("answer_text") if r.get("format") == "numeric" else f"{r.get('answer_letter')}. {r.get('answer_text')}",
+                     "structures": ctx, "voxel_mm": " x ".join(f"{v:g}" for v in box) if box else "",
+                     "derived": json.dumps((r.get("measurements") or {}).get("derived"), default=str)[:400],
+                     **{c: "" for c in READ_CRITERIA}, "note": ""})
+    return pd.DataFrame(rows)
+
+def clinical_read_summary(sheet: pd.DataFrame) -> dict:
+    "Pass rates of a filled `clinical_read_sample` sheet (yes/no per criterion): each criterion, all three, per task."
+    yes = lambda c: sheet[c].astype(str).str.strip().str.lower().isin(("yes", "y", "1", "true"))
+    bad = [c for c in READ_CRITERIA if not sheet[c].astype(str).str.strip().str.lower().isin(("yes", "y", "1", "true", "no", "n", "0", "false")).all()]
+    if bad: raise ValueError(f"the sheet leaves {bad} blank or not yes/no for some question")
+    ok = yes(READ_CRITERIA[0]) & yes(READ_CRITERIA[1]) & yes(READ_CRITERIA[2])
+    return {"questions": int(len(sheet)), **{c: round(float(yes(c).mean()), 4) for c in READ_CRITERIA},
+            "all_three": round(float(ok.mean()), 4),
+            "by_task": {t: round(float(ok[sheet.task == t].mean()), 4) for t in sorted(set(sheet.task))}}

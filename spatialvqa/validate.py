@@ -462,12 +462,15 @@ class AtlasAnswerer:
 def textbook_structure(name: str) -> Structure | None:
     """A typical adult structure from the anatomy reference table alone (`spatialvqa.anatomy.REFERENCE`, sources
     cited there): its typical volume, a centre placed by its side (x +-80 mm), depth third (y +-60 mm) and vertebral
-    levels (z 30 mm per level, higher is superior), and a box of its reference dimensions (else a cube of its volume)."""
+    levels (z 30 mm per level, higher is superior), or, for a structure of the head and neck, its typical centre in the
+    head frame (`Reference.head_mm`, z 0 at C1 as the levels count), and a box of its reference dimensions (else a cube
+    of its volume)."""
     ref = REFERENCE.get(name)
     if ref is None or not ref.typical_ml: return None
     x = {"right": 80.0, "left": -80.0}.get(ref.side or "", 0.0)
     y = {"anterior": 60.0, "posterior": -60.0}.get(ref.depth or "", 0.0)
     z = -30.0 * ref.level_centre if ref.level_centre is not None else 0.0
+    if ref.head_mm is not None: x, y, z = (float(v) for v in ref.head_mm)
     side = float(ref.typical_ml * 1000) ** (1 / 3)
     e = np.full(3, side)
     if ref.dims_mm:
