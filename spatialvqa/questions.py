@@ -957,13 +957,23 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, poo
     if clear is not None and not all(far(v) for i, v in enumerate(vals) if i != k): return None
     return vals
 
+def _both_orders(variants: list[list[dict] | None]) -> list[list[dict] | None]:
+    """Ascending options with the answer at k also serve, reversed, for position 3 - k where no ascending set fits:
+    wide tolerances leave a value room on one side only (its ladder all above it), and without the reversed order every
+    such question would have its answer under the same letter."""
+    out = list(variants)
+    for k, v in enumerate(variants):
+        if v is not None and out[3 - k] is None: out[3 - k] = v[::-1]
+    return out
+
 def _numeric_variants(t, tol, unit, rng, pool=(), bounds=None, clear=None) -> list[list[dict] | None]:
-    "For each correct position 0-3, the four numeric options (ascending) within `bounds`, or None where no ladder fits."
+    """For each correct position 0-3, the four numeric options (ascending, or descending where only that fits) within
+    `bounds`, or None where no ladder fits."""
     out = []
     for k in range(4):
         v = _ladder(t, k, tol, unit, rng, pool, bounds, clear)
         out.append(None if v is None else [{"key": x, "text": fmt_number(x, unit)} for x in v])
-    return out
+    return _both_orders(out)
 
 def _clear(c: ScanContext, sub: str, spec: dict) -> Callable[[object], bool] | None:
     """Without margins None; else whether an option (a number, a box) of a question `sub` with `spec` about scan `c`
@@ -995,7 +1005,7 @@ def _bins(t: float, k: int, tol_t: float, unit: str, rng) -> list[dict] | None:
     return [{"key": list(b), "text": s} for b, s in zip(bins, text)]
 
 def _range_variants(t, tol_t, unit, rng):
-    return [_bins(t, k, tol_t, unit, rng) for k in range(4)]
+    return _both_orders([_bins(t, k, tol_t, unit, rng) for k in range(4)])
 
 def _threshold(lo: float, hi: float, rng) -> float | None:
     "A round number strictly inside (lo, hi), drawn among those near their geometric mean."

@@ -967,10 +967,10 @@ def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.nda
     return out
 
 def ordered(r: Mapping) -> bool:
-    """Whether a multiple-choice record's options run in order (a ladder of numbers, or adjacent ranges): swapping two
-    of them would leave a trace that points at the moved option, so the letter balancing never moves them."""
+    """Whether a multiple-choice record's options run in order (a ladder of numbers, up or down, or adjacent ranges):
+    swapping two of them would leave a trace that points at the moved option, so the letter balancing never moves them."""
     vals = r.get("option_values")
-    if vals: return all(a < b for a, b in zip(vals, vals[1:]))
+    if vals: return all(a < b for a, b in zip(vals, vals[1:])) or all(a > b for a, b in zip(vals, vals[1:]))
     opts = (r.get("spec") or {}).get("options") or []
     return bool(opts) and all(isinstance(o, (list, tuple)) and len(o) == 2 for o in opts)
 

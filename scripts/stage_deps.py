@@ -1,0 +1,161 @@
+"""Every DVC stage's code dependencies are the import closure of the notebook it runs.
+
+A stage notebook (`nbs/stages/<stage>.ipynb`) imports some `spatialvqa` modules; those import others, at the top or
+inside a function (lazy imports count), by name or through an entry-point group (`spatialvqa.adapters` loads
+`spatialvqa.vlm`, `spatialvqa.answerers` loads `spatialvqa.agents`). A change to any module of that closure can change
+the stage's outputs, so `dvc.yaml` must list every one of them in the stage's `deps` (or the package folder
+`spatialvqa`, which covers all), else `dvc status` stays clean while the results go stale.
+
+    python scripts/stage_deps.py            # print, per stage, the modules its deps leave out (status 1 if any)
+    python scripts/stage_deps.py --write    # rewrite dvc.yaml: each stage's spatialvqa deps become its closure
+
+`tests/test_stage_deps.py` runs the check and shows that touching a module makes a stage `changed` in `dvc status`.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = "spatialvqa"
+FOLDER_SHARE = 0.6     # a stage whose closure holds at least this share of the modules depends on the package folder
+
+
+def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    "The spatialvqa modules a parsed source imports anywhere (string constants naming one count, as plugin lists do)."
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(PKG + ".")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level: found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif node.module == PKG: found |= {a.name for a in node.names}
+            elif node.module and node.module.startswith(PKG + "."): found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(PKG + r"\.\w+", node.value):
+            found.add(node.value.split(".")[1])
+    return found & modules
+
+
+def entry_point_modules(root: Path = ROOT) -> dict[str, set[str]]:
+    "Entry-point group -> the spatialvqa modules it loads (pyproject.toml)."
+    eps = tomllib.loads((root / "pyproject.toml").read_text())["project"].get("entry-points", {})
+    return {g: {v.split(":")[0].split(".")[1] for v in table.values() if v.startswith(PKG + ".")}
+            for g, table in eps.items() if g.startswith(PKG + ".")}
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    "Module -> the spatialvqa modules it imports (directly, lazily, or through an entry-point group it names)."
+    files = {p.stem: p for p in sorted((root / PKG).glob("*.py")) if not p.stem.startswith("_")}
+    groups = entry_point_modules(root)
+    out = {}
+    for m, p in files.items():
+        src = p.read_text()
+        deps = _imports(ast.parse(src), set(files))
+        for g, mods in groups.items():
+            if f'"{g}"' in src or f"'{g}'" in src: deps |= mods
+        out[m] = deps - {m}
+    return out
+
+
+def notebook_modules(path: Path, modules: set[str]) -> set[str]:
+    "The spatialvqa modules the code cells of a notebook import."
+    cells = json.loads(Path(path).read_text())["cells"]
+    src = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    src = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("!", "%")))
+    return _imports(ast.parse(src), modules)
+
+
+def closure(start: set[str], graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        if m in seen: continue
+        seen.add(m); todo += sorted(graph.get(m, ()))
+    return seen
+
+
+def stages(root: Path = ROOT) -> dict[str, dict]:
+    "Stage name -> its dvc.yaml entry (a foreach stage's `do` block)."
+    import yaml
+    doc = yaml.safe_load((root / "dvc.yaml").read_text())
+    return {k: (v.get("do") if "foreach" in v else v) for k, v in doc["stages"].items()}
+
+
+def stage_notebook(entry: dict) -> str | None:
+    m = re.search(r"nbs/stages/[\w.-]+\.ipynb", str(entry.get("cmd", "")))
+    return m.group(0) if m else None
+
+
+def needed(root: Path = ROOT) -> dict[str, set[str]]:
+    "Stage -> the modules of its notebook's import closure."
+    graph = module_graph(root)
+    out = {}
+    for name, entry in stages(root).items():
+        nb = stage_notebook(entry)
+        if nb: out[name] = closure(notebook_modules(root / nb, set(graph)), graph)
+    return out
+
+
+def declared(entry: dict) -> tuple[set[str], bool]:
+    "The modules a stage's deps list, and whether it lists the whole package folder."
+    deps = [str(d).split("#")[0].strip() for d in entry.get("deps") or []]
+    return {Path(d).stem for d in deps if d.startswith(PKG + "/") and d.endswith(".py")}, PKG in deps or PKG + "/" in deps
+
+
+def missing(root: Path = ROOT) -> dict[str, list[str]]:
+    "Stage -> the modules of its closure that its deps leave out (stages that miss none are absent)."
+    st, out = stages(root), {}
+    for name, mods in needed(root).items():
+        have, folder = declared(st[name])
+        if not folder and (gone := sorted(mods - have)): out[name] = gone
+    return out
+
+
+def write(root: Path = ROOT) -> int:
+    """Rewrite dvc.yaml: in every stage with a notebook, the `spatialvqa/*.py` deps become the closure's modules (or
+    the folder `spatialvqa` when the closure holds `FOLDER_SHARE` of all modules); other deps stay as they are."""
+    path = root / "dvc.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    need, n_all, out, i, changed = needed(root), len(module_graph(root)), [], 0, 0
+    current = None
+    while i < len(lines):
+        line = lines[i]
+        if m := re.match(r"^  (\w[\w@-]*):\s*$", line): current = m.group(1)
+        if re.match(r"^\s+deps:\s*$", line) and current in need:
+            indent = re.match(r"^(\s+)", lines[i + 1]).group(1) if i + 1 < len(lines) else "      "
+            block, j = [], i + 1
+            while j < len(lines) and lines[j].startswith(indent + "- "):
+                block.append(lines[j]); j += 1
+            keep = [l for l in block if not re.match(rf"^\s+- {PKG}(/[\w.]+\.py)?\s*(#.*)?$", l)]
+            mods = need[current]
+            code = [f"{indent}- {PKG}\n"] if len(mods) >= FOLDER_SHARE * n_all else [f"{indent}- {PKG}/{m}.py\n" for m in sorted(mods)]
+            nb_at = next((k for k, l in enumerate(keep) if "nbs/stages/" in l), 0)
+            new = keep[:nb_at + 1] + code + keep[nb_at + 1:]
+            changed += new != block
+            out += [line, *new]
+            i = j
+            continue
+        out.append(line); i += 1
+    path.write_text("".join(out))
+    return changed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--write", action="store_true", help="rewrite dvc.yaml's spatialvqa deps from the closures")
+    a = p.parse_args(argv)
+    if a.write:
+        print(f"{write()} stages' deps rewritten")
+    gone = missing()
+    for s, mods in sorted(gone.items()): print(f"{s}: deps leave out {', '.join(mods)}")
+    if not gone: print(f"every stage's deps hold the import closure of its notebook ({len(needed())} stages)")
+    return 1 if gone else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Every DVC stage lists the code it runs: the import closure of its notebook (scripts/stage_deps.py), so that a change
+to any module a stage runs makes the stage `changed` in `dvc status`."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("stage_deps", ROOT / "scripts" / "stage_deps.py")
+SD = importlib.util.module_from_spec(spec); spec.loader.exec_module(SD)
+DVC = Path(sys.executable).parent / "dvc"
+
+
+def _root_with(tmp_path: Path, dvc_yaml: str) -> Path:
+    "A project root that shares this one's package and notebooks but has its own dvc.yaml."
+    for name in ("spatialvqa", "nbs", "pyproject.toml"): (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml)
+    return tmp_path
+
+
+def test_every_stage_lists_the_closure_of_its_notebook():
+    gone = SD.missing()
+    assert not gone, "stages whose deps leave out modules they run:\n" + "\n".join(f"{s}: {m}" for s, m in gone.items())
+    assert len(SD.needed()) >= 30                                      # every stage with a notebook was looked at
+
+
+def test_lazy_and_plugin_imports_count():
+    g = SD.module_graph()
+    assert "vlm" in g["models"]                       # an adapter module loaded through the entry-point group
+    assert "agents" in g["validate"]                  # the specialists, through theirs
+    assert "inflate" in SD.closure({"measure"}, g)    # imported inside a function
+
+
+def test_the_check_fails_when_a_module_is_removed(tmp_path):
+    text = (ROOT / "dvc.yaml").read_text()
+    stage = next(s for s, mods in SD.needed().items() if not SD.declared(SD.stages()[s])[1] and "inflate" in mods)
+    cut = "".join(l for l in text.splitlines(keepends=True) if l.strip() != "- spatialvqa/inflate.py")
+    assert cut != text
+    gone = SD.missing(_root_with(tmp_path, cut))
+    assert "inflate" in gone.get(stage, []), gone
+
+
+def test_touching_a_module_a_stage_runs_makes_it_changed(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    for f in ("dvc.yaml", "dvc.lock"): shutil.copy(ROOT / f, clone / f)     # the working tree's, committed or not
+    stage = "measure"
+    assert "inflate" in SD.needed(clone)[stage]
+    with open(clone / "spatialvqa" / "inflate.py", "a") as f: f.write("\n# touched\n")
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    out = subprocess.run([str(DVC), "status", stage, "--json"], cwd=clone, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    changed = json.loads(out.stdout).get(stage, [])
+    deps = {k: v for d in changed if isinstance(d, dict) for k, v in d.get("changed deps", {}).items()}
+    assert deps.get("spatialvqa/inflate.py") == "modified", changed
