@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger, read_jsonl
+from .core import atomic_write, get_logger, read_jsonl, read_records
 from .stats import bootstrap_means, bootstrap_ci, percentile_interval, _cluster_codes
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
@@ -25,12 +25,12 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
 # %% auto #0
 __all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
            'score_models', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'task_matrix', 'cluster_of',
-           'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap', 'draw_summary',
-           'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown', 'tex_escape', 'latex_table',
-           'write_table', 'group_accuracy', 'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values',
-           'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations',
-           'circular_values', 'circular_chance', 'circular_table', 'circular_checks', 'failure_sheets',
-           'failure_instructions', 'failure_counts']
+           'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'seed_draws_by_infer', 'draws_agree',
+           'run_bootstrap', 'draw_summary', 'table2_values', 'chance_values', 'table2', 'sanity_checks', 'markdown',
+           'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range',
+           'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table',
+           'score_metrics', 'split_rotations', 'circular_values', 'circular_chance', 'circular_table',
+           'circular_checks', 'failure_sheets', 'failure_instructions', 'failure_counts']
 
 # %% ../nbs/44_results.ipynb #99dbe145
 TABLE2_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
@@ -221,9 +221,50 @@ DRAW_COLUMNS = ["model", "draw", "seed", "qid", "task", "value"]
 
 def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
     """Run every model of `entries` (name → its `infer.models` entry, with a `config.seed`) `n` times over the
-    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, through `models.infer` and `scoring.score_predictions`
+    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, as `models.infer` and `scoring.score_predictions` would
     (plain questions, no option rotations). One row per model, run and question: `model`, `draw` (0 ... n-1), `seed`,
-    `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`)."""
+    `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`).
+    The benchmark is read once; every seed's answers come from `models.seeded_answers` (in memory, no prediction
+    file), and each distinct answer to a question is scored once by `score_predictions` (`_draw_values`): the
+    values of `seed_draws_by_infer`, which runs each seed through `infer` and a file, at a fraction of the time."""
+    from spatialvqa.models import seeded_answers
+    records = read_records(benchmark)
+    qids = np.array([str(r["qid"]) for r in records], dtype=object)
+    tasks = np.array([str(r.get("task")) for r in records], dtype=object)
+    frames = []
+    for name, entry in entries.items():
+        runs = list(seeded_answers(name, entry, records, int(n)))
+        if not runs: continue
+        V = _draw_values(records, [a for _, a in runs], name, strict)
+        R, N = V.shape
+        frames.append(pd.DataFrame({"model": name, "draw": np.repeat(np.arange(R, dtype=np.int64), N),
+                                    "seed": np.repeat(np.array([s for s, _ in runs], dtype=np.int64), N),
+                                    "qid": np.tile(qids, R), "task": np.tile(tasks, R), "value": V.ravel()}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=DRAW_COLUMNS)
+
+def _draw_values(records: Sequence[Mapping], answers: Sequence[Sequence[tuple]], model: str, strict: bool = True) -> np.ndarray:
+    """(runs, questions) values of `answers` (per run, each record's `(raw, error)`): every distinct answer to a
+    question scored once, all in one `score_predictions` call (the one parser and metric), then looked up."""
+    seen: dict[tuple, int] = {}
+    recs, preds = [], []
+    at = np.empty((len(answers), len(records)), dtype=np.int64)
+    for d, run in enumerate(answers):
+        for i, (raw, err) in enumerate(run):
+            k = (i, None if err else raw, bool(err))
+            if k not in seen:
+                seen[k] = len(recs)
+                recs.append({**records[i], "qid": str(len(recs)), "base_qid": str(records[i]["qid"])})
+                preds.append({"qid": recs[-1]["qid"], "model": model, "raw": raw, "error": err})
+            at[d, i] = seen[k]
+    if not recs: return np.zeros(at.shape)
+    sc = score_predictions(recs, preds, model)
+    num = (sc["task"] == "VOLEST").to_numpy()
+    return np.where(num, outcome(sc, strict, "mra"), outcome(sc, strict))[at]
+
+def seed_draws_by_infer(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
+    """`seed_draws` the long way, its definition: every seed a real run of `models.infer` into a prediction file, read
+    back and scored by `scoring.score_predictions`. Slow (the benchmark read and the prompts made again for every
+    run, every answer written to disk); kept to show that `seed_draws` gives the same values."""
     import tempfile
     from spatialvqa.models import infer, model_entry
     records = read_jsonl(benchmark)
