@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger, read_jsonl, read_records
+from .core import atomic_write, get_logger, read_jsonl, read_records, write_csv
 from .stats import bootstrap_means, bootstrap_ci, percentile_interval, _cluster_codes
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
@@ -501,10 +501,10 @@ def latex_table(df: pd.DataFrame, caption: str = "", label: str = "", rule_befor
 
 def write_table(df: pd.DataFrame, stem: str | os.PathLike, caption: str = "", label: str = "", latex: bool = False,
                 rule_before: Sequence[int] = (), left: int = 1, wide: bool = False) -> list[Path]:
-    "`df` as `<stem>.csv` and `<stem>.md` (and `<stem>.tex` when `latex`), each written atomically."
+    "`df` as `<stem>.csv` (floats to `core.RESULT_DIGITS` significant digits) and `<stem>.md` (and `<stem>.tex` when `latex`), each written atomically."
     stem = Path(stem)
     paths = [stem.with_suffix(".csv"), stem.with_suffix(".md")]
-    with atomic_write(paths[0]) as f: df.to_csv(f, index=False)
+    write_csv(df, paths[0])
     with atomic_write(paths[1]) as f: f.write((f"{caption}\n\n" if caption else "") + markdown(df))
     if latex:
         paths.append(stem.with_suffix(".tex"))
