@@ -711,9 +711,9 @@ def _answer_all(adapter: Adapter, inputs: Sequence[ModelInput | BaseException], 
     return out
 
 def seeded_answers(model: str, entry: Mapping | None, records: Sequence[dict], n: int, cache_dir: str | os.PathLike = ".cache/views",
-                   root: str | os.PathLike | None = None) -> Iterator[tuple[int, list[tuple[str | None, str | None]]]]:
-    """`(seed, answers)` for each seed `config.seed + 0` ... `+ n - 1` of `model` (its `infer.models` entry, `circular`
-    off): every record's `(raw, error)` as `infer` with that seed would record them, computed in memory. The records are
+                   root: str | os.PathLike | None = None, start: int = 0) -> Iterator[tuple[int, list[tuple[str | None, str | None]]]]:
+    """`(seed, answers)` for each seed `config.seed + start` ... `+ start + n - 1` of `model` (its `infer.models` entry,
+    `circular` off): every record's `(raw, error)` as `infer` with that seed would record them, computed in memory. The records are
     read once and the prompts and inputs made once for all seeds; no prediction file is written. The cross-fitted
     baselines reuse what does not depend on the seed (`_CrossFit.seeded`); any other adapter is made and prepared
     once per seed."""
@@ -723,12 +723,12 @@ def seeded_answers(model: str, entry: Mapping | None, records: Sequence[dict], n
     recs = list(records)
     if dup := _repeated([r["qid"] for r in recs]): raise ValueError(f"the benchmark repeats the qid {dup!r}")
     cfg = _run_settings(model, e, recs, root)
-    seeds = [base + d for d in range(int(n))]
+    seeds = [base + int(start) + d for d in range(int(n))]
     make = lambda s: make_adapter(e["adapter"], {**cfg, "seed": s})
-    first = make(base)
+    first = make(seeds[0] if seeds else base)
     def prepared():
         for s in seeds:
-            a = first if s == base else make(s)
+            a = first if s == seeds[0] else make(s)
             a.prepare(recs)
             yield a
     runs = first.seeded(recs, seeds) if isinstance(first, _CrossFit) else prepared()

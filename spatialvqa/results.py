@@ -219,21 +219,32 @@ def toy_pairs(seed: int = 0) -> tuple[list[dict], dict[str, list[dict]]]:
 # %% ../nbs/44_results.ipynb #d0700377
 DRAW_COLUMNS = ["model", "draw", "seed", "qid", "task", "value"]
 
-def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
+def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True,
+               workers: int = 1) -> pd.DataFrame:
     """Run every model of `entries` (name → its `infer.models` entry, with a `config.seed`) `n` times over the
     benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, as `models.infer` and `scoring.score_predictions` would
     (plain questions, no option rotations). One row per model, run and question: `model`, `draw` (0 ... n-1), `seed`,
     `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`).
     The benchmark is read once; every seed's answers come from `models.seeded_answers` (in memory, no prediction
     file), and each distinct answer to a question is scored once by `score_predictions` (`_draw_values`): the
-    values of `seed_draws_by_infer`, which runs each seed through `infer` and a file, at a fraction of the time."""
-    from spatialvqa.models import seeded_answers
+    values of `seed_draws_by_infer`, which runs each seed through `infer` and a file, at a fraction of the time.
+    `workers` > 1 shares each model's seeds among that many processes (every seed is computed on its own: the values
+    do not depend on it)."""
     records = read_records(benchmark)
     qids = np.array([str(r["qid"]) for r in records], dtype=object)
     tasks = np.array([str(r.get("task")) for r in records], dtype=object)
+    n, workers = int(n), max(1, int(workers))
+    cuts = np.linspace(0, n, min(workers, n) + 1).astype(int) if n else np.array([0, 0])
+    tasks_ = [(name, entry, records, int(a), int(b - a)) for name, entry in entries.items() for a, b in zip(cuts, cuts[1:])]
+    if workers > 1 and len(cuts) > 2:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from spatialvqa import results as module      # by its module's name, which spawned processes import
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex: parts = list(ex.map(module._seed_chunk, tasks_))
+    else: parts = [_seed_chunk(t) for t in tasks_]
     frames = []
-    for name, entry in entries.items():
-        runs = list(seeded_answers(name, entry, records, int(n)))
+    for name in entries:
+        runs = [run for t, p in zip(tasks_, parts) if t[0] == name for run in p]
         if not runs: continue
         V = _draw_values(records, [a for _, a in runs], name, strict)
         R, N = V.shape
@@ -241,6 +252,12 @@ def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: 
                                     "seed": np.repeat(np.array([s for s, _ in runs], dtype=np.int64), N),
                                     "qid": np.tile(qids, R), "task": np.tile(tasks, R), "value": V.ravel()}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=DRAW_COLUMNS)
+
+def _seed_chunk(task: tuple) -> list:
+    "`seeded_answers` of one model over one contiguous range of its seeds: `(name, entry, records, start, n)`."
+    from spatialvqa.models import seeded_answers
+    name, entry, records, start, n = task
+    return list(seeded_answers(name, entry, records, n, start=start)) if n else []
 
 def _draw_values(records: Sequence[Mapping], answers: Sequence[Sequence[tuple]], model: str, strict: bool = True) -> np.ndarray:
     """(runs, questions) values of `answers` (per run, each record's `(raw, error)`): every distinct answer to a
