@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro test check nbtest pytest pytest-slow bench readme interop docs
+.PHONY: setup repro repro-check test check nbtest pytest pytest-slow bench readme interop docs
 
 setup: $(VENV)/.setup-done
 
@@ -32,6 +32,13 @@ repro: setup
 	dvc repro
 	dvc status
 
+# Byte for byte: the chosen stages run twice (1 and 2 threads, another PYTHONHASHSEED), their declared outputs compared
+# (benchmarks/check_repro.py; the stages' inputs must be in the working tree). Two result trees: check_repro.py compare A B.
+STAGES ?= ctsvqa_score
+THREADS ?= 1,2
+repro-check: setup
+	python benchmarks/check_repro.py run --stages $(STAGES) --threads $(THREADS)
+
 # Notebooks and library in sync and clean, notebook tests, then pytest.
 test: setup check nbtest pytest
 
@@ -43,9 +50,13 @@ check:
 nbtest:
 	nbdev-test --n-workers 2
 
-# `slow` tests (full-size models and data) run with `make pytest-slow`
+# `slow` tests (full-size models and data) run with `make pytest-slow`. Two worker processes (pytest-xdist): every
+# test makes its own temporary files (tmp_path, tmp_path_factory), none depends on another's order; a file's tests stay in
+# one worker (--dist loadfile), so each module-scoped fixture is built once; PYTEST_WORKERS=0
+# runs them in this process.
+PYTEST_WORKERS ?= 2
 pytest:
-	pytest -q -m "not slow"
+	pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 pytest-slow:
 	pytest -q -m slow

@@ -29,12 +29,13 @@ import numpy as np
 # `spatialvqa measure` imports this module and needs neither (about 0.05 s of its start-up)
 
 # %% auto #0
-__all__ = ['SHARED', 'OKABE_ITO', 'SERIES', 'GREY', 'project_root', 'load_params', 'shared_data', 'resolve_path', 'flag',
-           'number', 'SecretOptionError', 'check_no_secrets', 'mask_secrets', 'check_params_file', 'get_logger',
-           'progress', 'OutputError', 'protect_inputs', 'check_output', 'atomic_write', 'dumps', 'write_json',
-           'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl', 'read_records', 'write_parquet', 'sha256_file',
-           'Outcome', 'parallel_map', 'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure',
-           'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
+__all__ = ['SHARED', 'RESULT_DIGITS', 'OKABE_ITO', 'SERIES', 'GREY', 'PNG_METADATA', 'project_root', 'load_params', 'shared_data',
+           'resolve_path', 'flag', 'number', 'SecretOptionError', 'check_no_secrets', 'mask_secrets',
+           'check_params_file', 'get_logger', 'progress', 'OutputError', 'protect_inputs', 'check_output',
+           'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl',
+           'read_records', 'write_parquet', 'round_sig', 'write_csv', 'sha256_file', 'Outcome', 'parallel_map',
+           'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes',
+           'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -299,8 +300,9 @@ def dumps(obj, **kwargs) -> str:
     try: return json.dumps(_finite(obj), default=_json_default, allow_nan=False, **kwargs)
     except ValueError as e: raise ValueError(f"not valid JSON: {e} (an infinite number)") from None
 
-def write_json(obj, path: str | os.PathLike, indent: int | None = 2) -> Path:
-    "Write `obj` as JSON to `path` atomically."
+def write_json(obj, path: str | os.PathLike, indent: int | None = 2, digits: int | None = None) -> Path:
+    "Write `obj` as JSON to `path` atomically; with `digits`, its floats rounded to that many significant digits (`round_sig`: metrics)."
+    if digits is not None: obj = round_sig(obj, digits)
     with atomic_write(path) as f: f.write(dumps(obj, indent=indent) + "\n")
     return Path(path)
 
@@ -365,6 +367,47 @@ def read_records(path: str | os.PathLike, require: Sequence[str] = ("qid",)) -> 
 def write_parquet(df, path: str | os.PathLike) -> Path:
     "Write a pandas DataFrame to parquet atomically."
     with atomic_write(path, "wb") as f: df.to_parquet(f, index=False)
+    return Path(path)
+
+# %% ../nbs/00_core.ipynb #fb190878
+RESULT_DIGITS = 4     # significant digits of the floats in result tables, figure data and metrics
+
+def _round_float(x: float, digits: int) -> float:
+    if not math.isfinite(x) or x == int(x): return x
+    return float(f"{x:.{digits}g}")
+
+def round_sig(obj, digits: int = RESULT_DIGITS):
+    """`obj` with every float rounded to `digits` significant digits (whole numbers, NaN and infinities unchanged):
+    a float, a numpy number or array, a pandas DataFrame or Series (a copy; float columns and the floats in object
+    columns), or dicts, lists and tuples of these, recursively."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)): return obj
+    if isinstance(obj, float): return _round_float(obj, digits)
+    if isinstance(obj, np.floating): return type(obj)(_round_float(float(obj), digits))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind == "f": return np.vectorize(lambda v: _round_float(float(v), digits), otypes=[obj.dtype])(obj) if obj.size else obj.copy()
+        if obj.dtype == object: return np.array([round_sig(v, digits) for v in obj.ravel()], dtype=object).reshape(obj.shape)
+        return obj
+    if isinstance(obj, Mapping): return type(obj)((k, round_sig(v, digits)) for k, v in obj.items()) if isinstance(obj, dict) else {k: round_sig(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return type(obj)(round_sig(v, digits) for v in obj)
+    mod = type(obj).__module__
+    if mod.startswith("pandas"):
+        import pandas as pd
+        if isinstance(obj, pd.DataFrame):
+            out = obj.copy()
+            for c in out.columns:
+                col = out[c]
+                if col.dtype.kind == "f" or col.dtype == object: out[c] = round_sig(col, digits)
+            return out
+        if isinstance(obj, pd.Series):
+            if obj.dtype.kind == "f": return obj.map(lambda v: _round_float(float(v), digits))
+            if obj.dtype == object: return obj.map(lambda v: round_sig(v, digits) if isinstance(v, (float, np.floating)) else v)
+            return obj
+    return obj
+
+def write_csv(df, path: str | os.PathLike, digits: int | None = RESULT_DIGITS, **kwargs) -> Path:
+    "Write a DataFrame as CSV atomically (no index unless `index=True`), its floats rounded by `round_sig` (None: as they are)."
+    kwargs.setdefault("index", False)
+    with atomic_write(path, newline="") as f: (df if digits is None else round_sig(df, digits)).to_csv(f, **kwargs)
     return Path(path)
 
 # %% ../nbs/00_core.ipynb #f6c88ead
@@ -447,14 +490,15 @@ def series_colours(names: Sequence[str]) -> dict[str, str]:
     "One Okabe–Ito colour per name, in `SERIES` order (cycling after eight)."
     return {n: SERIES[i % len(SERIES)] for i, n in enumerate(dict.fromkeys(names))}
 
+PNG_METADATA = {"Software": None}   # matplotlib's version is no part of a figure: the same figure, the same bytes
+
 def save_figure(fig, path: str | os.PathLike, data: pd.DataFrame | None = None, dpi: int = 150) -> list[Path]:
-    "Write `fig` as PNG at `path` and `data` (the values drawn) as CSV beside it (same name, `.csv`), atomically."
+    """Write `fig` as PNG at `path` (no metadata: `PNG_METADATA`) and `data` (the values drawn) as CSV beside it (same
+    name, `.csv`, floats rounded by `round_sig`), atomically."""
     path = Path(path)
-    with atomic_write(path, "wb") as f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+    with atomic_write(path, "wb") as f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight", metadata=PNG_METADATA)
     out = [path]
-    if data is not None:
-        with atomic_write(path.with_suffix(".csv")) as f: data.to_csv(f, index=False)
-        out.append(path.with_suffix(".csv"))
+    if data is not None: out.append(write_csv(data, path.with_suffix(".csv")))
     return out
 
 def wrap_label(label, width: int) -> str:

@@ -19,7 +19,7 @@ import pandas as pd
 from scipy import ndimage
 
 from .anatomy import ANATOMY, NAME_TO_ID, TUMOURS, counterpart, label_name, reference_range, side
-from .core import get_logger, parallel_map, read_json, stable_hash, write_json
+from .core import PNG_METADATA, get_logger, parallel_map, read_json, stable_hash, write_json
 from .measure import Structure, measure_labels
 from .questions import (
     LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
@@ -348,7 +348,7 @@ def show_copies(scans: Sequence[Scan], at: Sequence[float] | None = None, window
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     return fig
 
 # %% ../nbs/23_counterfactual.ipynb #8ccfaa1b

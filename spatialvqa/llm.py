@@ -513,6 +513,8 @@ class CachedLLM:
             raise CacheMiss(f"{self.name}: {len(todo)} of {len(prompts)} requests are not in the cache {self.path} "
                             f"(first key {next(iter(todo))}); use cache mode 'auto' to call the model")
         pending = list(todo)
+        if pending:                 # only now is the model needed (a local one loads on its first call)
+            log.warning("%s: %d of %d requests are not recorded in %s: asking the model", self.name, len(pending), len(prompts), self.path)
         for s in range(0, len(pending), self.chunk):
             chunk = pending[s:s + self.chunk]
             t0 = time.time()

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -38,8 +38,8 @@ __all__ = ['log', 'ADAPTERS', 'PLUGIN_GROUP', 'RANDOM_RANGES', 'BLIND', 'PREDICT
            'SubjectAtlasAdapter', 'NameCueAdapter', 'OracleAdapter', 'data_url', 'OpenAIAdapter', 'GeminiAdapter',
            'ReplayAdapter', 'make_inputs', 'run_config', 'prediction_key', 'partial_path', 'compact', 'lock_path',
            'RunSummary', 'run_inference', 'parse_config', 'model_entry', 'scored_models', 'scan_root', 'with_root',
-           'representation_of', 'infer', 'RunFailedError', 'add_cli', 'free_text_config', 'ReportOracleAdapter',
-           'AnswerPriorAdapter', 'VolumeSideAdapter']
+           'representation_of', 'infer', 'RunFailedError', 'seeded_answers', 'add_cli', 'free_text_config',
+           'ReportOracleAdapter', 'AnswerPriorAdapter', 'VolumeSideAdapter']
 
 # %% ../nbs/41_models.ipynb #b8e4e577
 @dataclasses.dataclass
@@ -144,6 +144,18 @@ class RandomAdapter(BaseAdapter):
         return _fmt(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))), r.get("unit"))
 
 # %% ../nbs/41_models.ipynb #e3bdb7cb
+def _remember_per_record(obj, methods: Sequence[str]) -> None:
+    """Give `obj` a memory of each of its `methods` (of one record) that it has: each record object is computed once.
+    Only for methods whose result does not depend on the seed, on records that stay alive while `obj` is used."""
+    def remember(fn):
+        memo: dict[int, tuple] = {}
+        def remembered(r):
+            if id(r) not in memo: memo[id(r)] = (r, fn(r))    # the record is kept: its id cannot be reused meanwhile
+            return memo[id(r)][1]
+        return remembered
+    for name in methods:
+        if callable(getattr(obj, name, None)): setattr(obj, name, remember(getattr(obj, name)))
+
 class _CrossFit(BaseAdapter):
     answerer = "prior"
 
@@ -175,6 +187,27 @@ class _CrossFit(BaseAdapter):
                 if test_:
                     fitted = a[0].fit([r for r in base if fold[scan_family(r)] != k])
                     self._preds.update(zip([r["qid"] for r in test_], fitted.predict(test_)))
+
+    def seeded(self, records: Sequence[dict], seeds: Sequence[int]) -> Iterator[_CrossFit]:
+        """This adapter prepared on `records` with each of `seeds` in turn (`config.seed` set, as `prepare` with that
+        seed leaves it). An answerer that needs no fit (textbook, name cues, the leave-one-out atlas, other patients)
+        depends on its seed only through its coin: it is fitted once, each record's option probabilities are computed
+        once, and every seed then costs one coin per question. A learned one is cross-fitted again for every seed (the
+        seed splits the scans)."""
+        recs = [r for r in records if r.get("format") in ("mc", "numeric") and r.get("spec") is not None]
+        a = self._make()[0]
+        if getattr(a, "needs_fit", True) or any(r.get("rotation") for r in recs):
+            for s in seeds:
+                self.config["seed"] = int(s)
+                self.prepare(records)
+                yield self
+            return
+        fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.cross_fit` fits it
+        _remember_per_record(fitted, ("proba", "_evaluate"))
+        for s in seeds:
+            self.config["seed"] = fitted.seed = int(s)
+            self._preds = dict(zip([r["qid"] for r in recs], fitted.predict(recs)))
+            yield self
 
     def answer(self, inp: ModelInput) -> str:
         r = inp.record
@@ -683,6 +716,15 @@ def representation_of(adapter: Adapter, representation: str | None, model: str =
                          f"or --representation none to run it blind on purpose")
     return rep
 
+def _run_settings(model: str, e: dict, recs: Sequence[dict], root: str | os.PathLike | None = None) -> dict:
+    "The adapter config of `model` (entry `e`, its `prompt_style` set for free-text records) for a run over `recs`."
+    cfg = {"name": model, **e["config"]}
+    if e["adapter"] in ("oracle", "report_oracle") and root is not None: cfg.setdefault("root", str(root))
+    if recs and all(r.get("format") == "text" for r in recs):          # free-text (Track B) records
+        if e["prompt_style"] == "default": e["prompt_style"] = "free_text"
+        cfg = free_text_config(e["adapter"], cfg)
+    return cfg
+
 def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entry: Mapping | None = None,
           cache_dir: str | os.PathLike = ".cache/views", root: str | os.PathLike | None = None, limit: int | None = None,
           overwrite: bool = False, mixed: bool = False) -> RunSummary:
@@ -695,11 +737,7 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
     recs = read_records(benchmark)
     if limit is not None: recs = recs[:int(limit)]
     if e["circular"]: recs = with_rotations(recs)
-    cfg = {"name": model, **e["config"]}
-    if e["adapter"] in ("oracle", "report_oracle") and root is not None: cfg.setdefault("root", str(root))
-    if recs and all(r.get("format") == "text" for r in recs):          # free-text (Track B) records
-        if e["prompt_style"] == "default": e["prompt_style"] = "free_text"
-        cfg = free_text_config(e["adapter"], cfg)
+    cfg = _run_settings(model, e, recs, root)
     adapter = make_adapter(e["adapter"], cfg)
     rep = representation_of(adapter, e["representation"], model)
     recs = with_root(recs, root if root is not None else scan_root(benchmark, recs))
@@ -709,6 +747,64 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
 
 class RunFailedError(RuntimeError):
     "A run whose every answer is an error: nothing was answered."
+
+def _answer_all(adapter: Adapter, inputs: Sequence[ModelInput | BaseException], batch_size: int = 8,
+                max_retries: int = 2) -> list[tuple[str | None, str | None]]:
+    """(raw, error) of each input as `run_inference` records them, without files: batches of `batch_size`; a batch that
+    fails is answered record by record, a record tried again up to `max_retries` times (at once: for the seeded local
+    baselines a failure is final) unless a `PredictionError`; an input that could not be made is its error."""
+    out: list[tuple[str | None, str | None]] = []
+    def alone(inp):
+        for attempt in range(max_retries + 1):
+            try:
+                raw = adapter.predict([inp])
+                if len(raw) != 1: raise RuntimeError(f"adapter returned {len(raw)} answers for 1 input")
+                return (None, "no answer") if raw[0] is None else (str(raw[0]), None)
+            except (KeyboardInterrupt, SystemExit): raise
+            except Exception as e:
+                if isinstance(e, PredictionError) or attempt == max_retries: return None, _err(e)
+    for i in range(0, len(inputs), max(1, int(batch_size))):
+        chunk = list(inputs[i:i + max(1, int(batch_size))])
+        ok = [x for x in chunk if isinstance(x, ModelInput)]
+        try:
+            raw = adapter.predict(ok) if ok else []
+            if len(raw) != len(ok): raise RuntimeError(f"adapter returned {len(raw)} answers for {len(ok)} inputs")
+            got = iter([(None, "no answer") if a is None else (str(a), None) for a in raw])
+        except (KeyboardInterrupt, SystemExit): raise
+        except Exception: got = iter([alone(x) for x in ok])
+        out += [next(got) if isinstance(x, ModelInput) else (None, _err(x)) for x in chunk]
+    return out
+
+def seeded_answers(model: str, entry: Mapping | None, records: Sequence[dict], n: int, cache_dir: str | os.PathLike = ".cache/views",
+                   root: str | os.PathLike | None = None, start: int = 0) -> Iterator[tuple[int, list[tuple[str | None, str | None]]]]:
+    """`(seed, answers)` for each seed `config.seed + start` ... `+ start + n - 1` of `model` (its `infer.models` entry,
+    `circular` off): every record's `(raw, error)` as `infer` with that seed would record them, computed in memory. The records are
+    read once and the prompts and inputs made once for all seeds; no prediction file is written. The cross-fitted
+    baselines reuse what does not depend on the seed (`_CrossFit.seeded`); any other adapter is made and prepared
+    once per seed."""
+    e = model_entry(model, entry)
+    if "seed" not in e["config"]: raise ValueError(f"infer.models.{model}: no config.seed to vary")
+    base = int(e["config"]["seed"])
+    recs = list(records)
+    if dup := _repeated([r["qid"] for r in recs]): raise ValueError(f"the benchmark repeats the qid {dup!r}")
+    cfg = _run_settings(model, e, recs, root)
+    seeds = [base + int(start) + d for d in range(int(n))]
+    make = lambda s: make_adapter(e["adapter"], {**cfg, "seed": s})
+    first = make(seeds[0] if seeds else base)
+    def prepared():
+        for s in seeds:
+            a = first if s == seeds[0] else make(s)
+            a.prepare(recs)
+            yield a
+    runs = first.seeded(recs, seeds) if isinstance(first, _CrossFit) else prepared()
+    inputs_fn = make_inputs(representation_of(first, e["representation"], model), index=e["index"], cache_dir=cache_dir, root=root)
+    inputs: list = []
+    for r in recs:
+        try: inputs.append(inputs_fn(r, build_prompt(r, e["prompt_style"])))
+        except (KeyboardInterrupt, SystemExit): raise
+        except Exception as ex: inputs.append(ex)
+    for s, adapter in zip(seeds, runs):
+        yield s, _answer_all(adapter, inputs, e["batch_size"], e["max_retries"])
 
 def _cli_infer(a) -> int:
     entry: dict = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger, read_jsonl
+from .core import atomic_write, get_logger, read_jsonl, read_records, write_csv
 from .stats import bootstrap_means, bootstrap_ci, icc, min_detectable_difference, percentile_interval, _cluster_codes
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
@@ -25,12 +25,13 @@ from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table
 # %% auto #0
 __all__ = ['TABLE2_TASKS', 'PAIR_COLUMNS', 'DRAW_COLUMNS', 'TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'toy_run', 'model_scope',
            'score_models', 'split_runs', 'read_predictions', 'in_scope', 'write_scores', 'read_scores', 'task_matrix',
-           'cluster_of', 'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'draws_agree', 'run_bootstrap',
-           'draw_summary', 'table2_values', 'chance_values', 'table2', 'sanity_checks', 'detectable_differences',
-           'markdown', 'tex_escape', 'latex_table', 'write_table', 'group_accuracy', 'smallest_volume', 'volume_range',
-           'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table', 'position_table', 'blind_gap_table',
-           'score_metrics', 'split_rotations', 'circular_values', 'circular_chance', 'circular_table',
-           'circular_checks', 'failure_sheets', 'failure_instructions', 'failure_counts']
+           'cluster_of', 'pair_outcomes', 'pair_values', 'toy_pairs', 'seed_draws', 'seed_draws_by_infer',
+           'draws_agree', 'run_bootstrap', 'draw_summary', 'table2_values', 'chance_values', 'table2', 'sanity_checks',
+           'detectable_differences', 'markdown', 'tex_escape', 'latex_table', 'write_table', 'group_accuracy',
+           'smallest_volume', 'volume_range', 'mra_by_volume', 'read_values', 'parse_table', 'pairwise_table',
+           'position_table', 'blind_gap_table', 'score_metrics', 'split_rotations', 'circular_values',
+           'circular_chance', 'circular_table', 'circular_checks', 'failure_sheets', 'failure_instructions',
+           'failure_counts']
 
 # %% ../nbs/44_results.ipynb #99dbe145
 TABLE2_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP")
@@ -231,11 +232,69 @@ def toy_pairs(seed: int = 0) -> tuple[list[dict], dict[str, list[dict]]]:
 # %% ../nbs/44_results.ipynb #d0700377
 DRAW_COLUMNS = ["model", "draw", "seed", "qid", "task", "value"]
 
-def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
+def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True,
+               workers: int = 1) -> pd.DataFrame:
     """Run every model of `entries` (name → its `infer.models` entry, with a `config.seed`) `n` times over the
-    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, through `models.infer` and `scoring.score_predictions`
+    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, as `models.infer` and `scoring.score_predictions` would
     (plain questions, no option rotations). One row per model, run and question: `model`, `draw` (0 ... n-1), `seed`,
-    `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`)."""
+    `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`).
+    The benchmark is read once; every seed's answers come from `models.seeded_answers` (in memory, no prediction
+    file), and each distinct answer to a question is scored once by `score_predictions` (`_draw_values`): the
+    values of `seed_draws_by_infer`, which runs each seed through `infer` and a file, at a fraction of the time.
+    `workers` > 1 shares each model's seeds among that many processes (every seed is computed on its own: the values
+    do not depend on it)."""
+    records = read_records(benchmark)
+    qids = np.array([str(r["qid"]) for r in records], dtype=object)
+    tasks = np.array([str(r.get("task")) for r in records], dtype=object)
+    n, workers = int(n), max(1, int(workers))
+    cuts = np.linspace(0, n, min(workers, n) + 1).astype(int) if n else np.array([0, 0])
+    tasks_ = [(name, entry, records, int(a), int(b - a)) for name, entry in entries.items() for a, b in zip(cuts, cuts[1:])]
+    if workers > 1 and len(cuts) > 2:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from spatialvqa import results as module      # by its module's name, which spawned processes import
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex: parts = list(ex.map(module._seed_chunk, tasks_))
+    else: parts = [_seed_chunk(t) for t in tasks_]
+    frames = []
+    for name in entries:
+        runs = [run for t, p in zip(tasks_, parts) if t[0] == name for run in p]
+        if not runs: continue
+        V = _draw_values(records, [a for _, a in runs], name, strict)
+        R, N = V.shape
+        frames.append(pd.DataFrame({"model": name, "draw": np.repeat(np.arange(R, dtype=np.int64), N),
+                                    "seed": np.repeat(np.array([s for s, _ in runs], dtype=np.int64), N),
+                                    "qid": np.tile(qids, R), "task": np.tile(tasks, R), "value": V.ravel()}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=DRAW_COLUMNS)
+
+def _seed_chunk(task: tuple) -> list:
+    "`seeded_answers` of one model over one contiguous range of its seeds: `(name, entry, records, start, n)`."
+    from spatialvqa.models import seeded_answers
+    name, entry, records, start, n = task
+    return list(seeded_answers(name, entry, records, n, start=start)) if n else []
+
+def _draw_values(records: Sequence[Mapping], answers: Sequence[Sequence[tuple]], model: str, strict: bool = True) -> np.ndarray:
+    """(runs, questions) values of `answers` (per run, each record's `(raw, error)`): every distinct answer to a
+    question scored once, all in one `score_predictions` call (the one parser and metric), then looked up."""
+    seen: dict[tuple, int] = {}
+    recs, preds = [], []
+    at = np.empty((len(answers), len(records)), dtype=np.int64)
+    for d, run in enumerate(answers):
+        for i, (raw, err) in enumerate(run):
+            k = (i, None if err else raw, bool(err))
+            if k not in seen:
+                seen[k] = len(recs)
+                recs.append({**records[i], "qid": str(len(recs)), "base_qid": str(records[i]["qid"])})
+                preds.append({"qid": recs[-1]["qid"], "model": model, "raw": raw, "error": err})
+            at[d, i] = seen[k]
+    if not recs: return np.zeros(at.shape)
+    sc = score_predictions(recs, preds, model)
+    num = (sc["task"] == "VOLEST").to_numpy()
+    return np.where(num, outcome(sc, strict, "mra"), outcome(sc, strict))[at]
+
+def seed_draws_by_infer(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
+    """`seed_draws` the long way, its definition: every seed a real run of `models.infer` into a prediction file, read
+    back and scored by `scoring.score_predictions`. Slow (the benchmark read and the prompts made again for every
+    run, every answer written to disk); kept to show that `seed_draws` gives the same values."""
     import tempfile
     from spatialvqa.models import infer, model_entry
     records = read_jsonl(benchmark)
@@ -505,10 +564,10 @@ def latex_table(df: pd.DataFrame, caption: str = "", label: str = "", rule_befor
 
 def write_table(df: pd.DataFrame, stem: str | os.PathLike, caption: str = "", label: str = "", latex: bool = False,
                 rule_before: Sequence[int] = (), left: int = 1, wide: bool = False) -> list[Path]:
-    "`df` as `<stem>.csv` and `<stem>.md` (and `<stem>.tex` when `latex`), each written atomically."
+    "`df` as `<stem>.csv` (floats to `core.RESULT_DIGITS` significant digits) and `<stem>.md` (and `<stem>.tex` when `latex`), each written atomically."
     stem = Path(stem)
     paths = [stem.with_suffix(".csv"), stem.with_suffix(".md")]
-    with atomic_write(paths[0]) as f: df.to_csv(f, index=False)
+    write_csv(df, paths[0])
     with atomic_write(paths[1]) as f: f.write((f"{caption}\n\n" if caption else "") + markdown(df))
     if latex:
         paths.append(stem.with_suffix(".tex"))

@@ -70,17 +70,20 @@ def corpus_hash(passages: Sequence[Mapping]) -> str:
     return stable_hash([[p["id"], p["text"]] for p in passages], n=16)
 
 class Retriever:
-    "Top-k passages by cosine similarity of sentence embeddings (faiss IndexFlatIP); `model`: a sentence-transformers folder."
+    """Top-k passages by cosine similarity of sentence embeddings (faiss IndexFlatIP); `model`: a sentence-transformers
+    folder. Building one embeds every passage (`embed.sbert_embed`: `cache`, a folder of the content-hash cache, makes a
+    rebuild embed only new passages; `workers` processes share a large corpus)."""
 
     def __init__(self, passages: Sequence[Mapping], model: str | os.PathLike | None = None, *, index=None,
-                 batch_size: int = 64):
+                 batch_size: int = 64, cache: str | os.PathLike | None = None, workers: int = 1):
         self.passages = [passage(p["id"], p["text"], p.get("source", "")) for p in passages]
         ids = [p["id"] for p in self.passages]
         if len(ids) != len(set(ids)): raise ValueError(f"passage id {next(i for i in ids if ids.count(i) > 1)!r} repeats")
         self.model = str(model) if model else None
         self.model_name = Path(self.model).name if self.model else DEFAULT_EMBED_NAME
         if index is None:
-            emb = np.ascontiguousarray(sbert_embed([p["text"] for p in self.passages], self.model, batch_size), dtype=np.float32)
+            emb = np.ascontiguousarray(sbert_embed([p["text"] for p in self.passages], self.model, batch_size, cache=cache,
+                                                   workers=workers), dtype=np.float32)
             index = _faiss().IndexFlatIP(emb.shape[1])
             if len(emb): index.add(emb)
         if index.ntotal != len(self.passages): raise ValueError(f"index holds {index.ntotal} vectors for {len(self.passages)} passages")

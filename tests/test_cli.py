@@ -203,6 +203,16 @@ def test_help_imports_no_library(tmp_path):
         sorted(m for m in mods if m.startswith(("numpy", "nibabel", *HEAVY)))[:10]
 
 
+@pytest.mark.parametrize("command", ["infer", "ctsvqa-jury", "ctsvqa-text", "ctsvqa-judge", "validate", "reviews", "export",
+                                     "convert", "views", "report-qa", "ctrate-download", "check-params", "fetch", "phantom"])
+def test_subcommand_help_imports_no_model_stack(command):
+    "A subcommand's --help loads its own module, never torch, transformers, scikit-learn, sentence-transformers or faiss."
+    rc, mods = modules_after(command, "--help")
+    assert rc == 0
+    heavy = ("torch", "transformers", "sklearn", "sentence_transformers", "faiss", "llama_cpp", "gguf")
+    assert not {m for m in mods if m.split(".")[0] in heavy}, sorted(m for m in mods if m.split(".")[0] in heavy)[:10]
+
+
 def test_measure_imports_only_what_it_needs(tmp_path, lps_labels):
     path, a, aff = lps_labels
     rc, mods = modules_after("measure", path, "--out", tmp_path / "m.json")

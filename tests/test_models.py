@@ -15,16 +15,10 @@ from spatialvqa.llm import FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    "A small Track A benchmark over two phantoms (label maps on disk)."
-    from spatialvqa.measure import measure_manifests
-    from spatialvqa.phantom import make_cohort
-    from spatialvqa.questions import generate_questions
-    d = tmp_path_factory.mktemp("phantom")
-    make_cohort(d, 2, seed=0, tumour_rate=0.5, workers=1)
-    table, scans, rejected = measure_manifests([d / "cohort.json"], workers=1)
-    assert rejected == []
-    return generate_questions(table, seed=0, scans=scans)
+def bench(two_phantoms):
+    "A small Track A benchmark over two phantoms (label maps on disk): conftest's `two_phantoms`, a copy of its records."
+    import copy
+    return copy.deepcopy(two_phantoms["recs"])
 
 
 MC = {"qid": "q1", "format": "mc", "question": "Which is larger?", "options": ["Liver", "Spleen", "Left kidney", "Pancreas"], "unit": None}

@@ -166,3 +166,22 @@ def test_failure_sheet_and_figures(run, tmp_path):
     assert (read_failure_sheet(tmp_path / "s.csv")["error_type"] != "").all()
     fig, data = F.plot_failures(R.failure_counts(scored))
     assert set(save_figure(fig, tmp_path / "failure_types.png", data)) and (tmp_path / "failure_types.csv").exists()
+
+
+def test_seed_draws_equal_runs_through_infer(phantom_benchmark, tmp_path):
+    """`seed_draws` (one read, answers in memory, each distinct answer scored once) gives, value for value, what every
+    seed run through `infer` and a prediction file gives (`seed_draws_by_infer`), for every seeded baseline of the draws
+    stage with its params.yaml entry: the coin of the answerers fitted once, the splits of the learned ones."""
+    from pathlib import Path
+    from spatialvqa.core import load_params, write_jsonl
+    root = Path(__file__).resolve().parents[1]
+    entries = load_params("infer", root / "params.yaml")["models"]
+    names = [m.strip() for m in load_params("draws", root / "params.yaml")["models"].split(",")]
+    bench = write_jsonl(phantom_benchmark["recs"], tmp_path / "bench.jsonl")
+    picked = {m: entries[m] for m in names}
+    new = R.seed_draws(bench, picked, n=3)
+    pd.testing.assert_frame_equal(new, R.seed_draws_by_infer(bench, picked, n=3))
+    assert list(new["model"].unique()) == names and sorted(new["draw"].unique()) == [0, 1, 2]
+    pd.testing.assert_frame_equal(R.seed_draws(bench, {m: picked[m] for m in ("random", "prior")}, n=3, workers=2),
+                                  new[new["model"].isin(["random", "prior"])].reset_index(drop=True))   # processes change nothing
+    assert new.groupby("model")["value"].apply(lambda v: v.nunique() > 1).all()     # real answers, not all one value

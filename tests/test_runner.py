@@ -159,18 +159,10 @@ def test_failing_inputs_are_written_with_their_error(tmp_path, bench):
 # --- circular evaluation: every option rotation answered, the originals untouched ---------------------------------
 
 @pytest.fixture(scope="module")
-def phantom_bench(tmp_path_factory):
-    "A small Track A benchmark over two phantoms (label maps on disk), as a JSONL file."
-    from spatialvqa.measure import measure_manifests
-    from spatialvqa.phantom import make_cohort
-    from spatialvqa.questions import generate_questions
-    d = tmp_path_factory.mktemp("phantom")
-    make_cohort(d, 2, seed=0, tumour_rate=0.5, workers=1)
-    table, scans, rejected = measure_manifests([d / "cohort.json"], workers=1)
-    assert rejected == []
-    recs = generate_questions(table, seed=0, scans=scans)
-    write_jsonl(recs, d / "bench.jsonl")
-    return recs, d / "bench.jsonl"
+def phantom_bench(two_phantoms):
+    "A small Track A benchmark over two phantoms (label maps on disk), as a JSONL file: conftest's `two_phantoms`."
+    import copy
+    return copy.deepcopy(two_phantoms["recs"]), two_phantoms["bench"]
 
 
 def test_circular_run_answers_rotations_and_resumes(tmp_path):
