@@ -1438,14 +1438,14 @@ def rates_records(frame: pd.DataFrame) -> tuple[list[dict], dict[str, dict[str, 
 def write_validation(val: Validation, out: str | os.PathLike, results: str | os.PathLike | None = None) -> dict[str, Path]:
     """Write kept (`validated.jsonl`/`.parquet`), removed (`removed.jsonl`), the filter report (JSON, CSV, Markdown) and,
     with rule `chance`, the first round's rates (`blind_rates.parquet`, `rates_frame`)."""
-    from spatialvqa.core import write_json, write_jsonl, write_parquet
+    from spatialvqa.core import RESULT_DIGITS, write_csv, write_json, write_jsonl, write_parquet
     out, results = Path(out), Path(results or out)
     paths = {"validated": write_jsonl(val.kept, out / "validated.jsonl"),
              "validated_parquet": write_parquet(validated_frame(val.kept), out / "validated.parquet"),
              "removed": write_jsonl(val.removed, out / "removed.jsonl"),
-             "report_json": write_json(val.summary, results / "filter_report.json")}
+             "report_json": write_json(val.summary, results / "filter_report.json", digits=RESULT_DIGITS)}
     if val.rates: paths["rates"] = write_parquet(rates_frame(val), out / "blind_rates.parquet")
-    with atomic_write(results / "filter_report.csv", newline="") as f: val.report.to_csv(f, index=False)
+    write_csv(val.report, results / "filter_report.csv")
     with atomic_write(results / "filter_report.md") as f: f.write(report_markdown(val) + "\n")
     return paths | {"report_csv": results / "filter_report.csv", "report_md": results / "filter_report.md"}
 
