@@ -27,14 +27,15 @@ __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'R
            'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'TASK_QUANTITIES',
            'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE',
            'SUBTASKS', 'POINTS', 'PAIR_EDGES', 'EVALUATORS', 'ELONGATED', 'COVERAGE_DEPENDENT', 'GENERATORS',
-           'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance',
-           'tol_extent', 'tol_volume', 'direction_margin', 'structure_class', 'Margins', 'pair_stem', 'vol_larger',
-           'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row',
-           'plane_phrase', 'phys_extent', 'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
-           'positional', 'plausible_volume', 'plausible_length', 'related', 'AskPolicy', 'measurement',
-           'measured_structure', 'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions',
-           'structures_of', 'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations',
-           'with_rotations', 'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
+           'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'EXACT_SOURCES', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine',
+           'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'structure_class', 'Margins', 'pair_stem',
+           'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase',
+           'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance', 'evaluate', 'structure_weight',
+           'ScanContext', 'scan_context', 'positional', 'plausible_volume', 'plausible_length', 'related', 'AskPolicy',
+           'measurement', 'measured_structure', 'contexts_from_tables', 'parse_budget', 'parse_per_source',
+           'generate_questions', 'structures_of', 'crop_to_region', 'rederive', 'check_record', 'base_qid',
+           'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance', 'composition_long',
+           'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
@@ -1005,7 +1006,10 @@ def _bins(t: float, k: int, tol_t: float, unit: str, rng) -> list[dict] | None:
     return [{"key": list(b), "text": s} for b, s in zip(bins, text)]
 
 def _range_variants(t, tol_t, unit, rng):
-    return _both_orders([_bins(t, k, tol_t, unit, rng) for k in range(4)])
+    """The bins of `_bins` for each position, in both orders; none at all when the value fits only an open-ended bin
+    ("Less than ...", "More than ..."): a tolerance that wide leaves ranges so coarse that anatomy alone answers them."""
+    v = [_bins(t, k, tol_t, unit, rng) for k in range(4)]
+    return _both_orders(v) if v[1] is not None or v[2] is not None else [None] * 4
 
 def _threshold(lo: float, hi: float, rng) -> float | None:
     "A round number strictly inside (lo, hi), drawn among those near their geometric mean."
@@ -1752,13 +1756,16 @@ def parse_per_source(text: str | Mapping | None) -> dict[str, dict[str, int]]:
         out[src.strip()] = parse_budget(budget)
     return out
 
+EXACT_SOURCES = ("phantom",)   # sources whose label maps are the truth itself: no inter-reader margins
+
 def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mapping[str, int] | None = None,
                        tasks: Sequence[str] = TASKS, scans: pd.DataFrame | None = None, tumour_share: float = 0.5,
                        min_voxels: int = MIN_VOXELS, max_tries: int = 40,
                        per_source: Mapping[str, Mapping[str, int]] | str | None = None,
                        focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5,
                        accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5,
-                       policy: AskPolicy | None = AskPolicy(), margins: Margins | Mapping | None = None) -> list[dict]:
+                       policy: AskPolicy | None = AskPolicy(), margins: Margins | Mapping | None = None,
+                       exact: Sequence[str] = EXACT_SOURCES) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
@@ -1770,7 +1777,9 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     `spatialvqa.counterfactual.flip_predicate`). `policy`: what a question may ask about (`AskPolicy`, the table of
     "What a radiologist would ask"; None: every structure with enough voxels). `margins`: inter-reader margins
     (`Margins`, or params.yaml's `generate.margins` mapping; None: none) that every key and distractor must respect,
-    carried in each spec. Returns records sorted by scan, task and qid (fields: `RECORD_FIELDS`)."""
+    carried in each spec, except on scans of the `exact` sources (a procedural phantom's label map is the truth its image
+    was drawn from: no second reader could contour it otherwise). Returns records sorted by scan, task and qid (fields:
+    `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]
     if bad: raise ValueError(f"unknown task(s) {bad}; expected some of {TASKS}")
@@ -1778,6 +1787,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                if c not in structures.columns]
     if missing: raise ValueError(f"structures table lacks column(s) {missing}")
     contexts = contexts_from_tables(structures, scans, min_voxels, margins)
+    contexts = {sid: dataclasses.replace(c, margins=NO_MARGINS) if c.group.split("+")[0] in set(exact) else c
+                for sid, c in contexts.items()}
     if policy is not None: contexts = {sid: policy.apply(c) for sid, c in contexts.items()}
     paths = {}
     if scans is not None:
