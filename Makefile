@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro repro-check test check nbtest pytest pytest-slow bench readme interop docs
+.PHONY: setup repro repro-check test check nbtest pytest pytest-slow bench bench-pipeline readme interop docs
 
 setup: $(VENV)/.setup-done
 
@@ -64,6 +64,12 @@ pytest-slow:
 bench: setup
 	python benchmarks/bench_measure.py
 	python benchmarks/bench_measure_process.py
+
+# Track A from convert to validated at 60 and 240 scans (seconds per scan per stage, the ratio larger/smaller) and the
+# per-scan stages on a local Dask cluster of 1, 2 and 4 workers; fails when a stage's cost per scan grows more than
+# 1.3x. About 40 min on 2 busy cores. More options in BENCH_PIPELINE_ARGS, e.g. --no-dask, --by cpu, --sizes 30,120
+bench-pipeline: setup
+	python benchmarks/bench_pipeline.py --check $(BENCH_PIPELINE_ARGS)
 
 # README.md is written from nbs/index.ipynb (tests/test_readme.py checks that it is up to date)
 readme:

@@ -35,15 +35,16 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
 # %% auto #0
 __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'ANSWERER_GROUP',
            'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_DRIFT', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP',
-           'LETTER_SLACK', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved', 'table_from_records',
-           'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right', 'PriorAnswerer', 'option_features',
-           'question_features', 'TextAnswerer', 'median_structure', 'AtlasAnswerer', 'textbook_structure',
-           'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer',
-           'LLMAnswerer', 'llm_answerer', 'make_answerers', 'predictions', 'cross_fit', 'vote', 'trivial',
-           'expected_right', 'blind_answers', 'chance_subsample', 'is_real', 'ordered', 'balance_letters', 'Validation',
-           'filter_report', 'leave_one_out', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit',
-           'validate', 'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
-           'validated_frame', 'report_markdown', 'rates_frame', 'rates_records', 'write_validation', 'add_cli']
+           'LETTER_SLACK', 'MILP_TIME_LIMIT', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
+           'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
+           'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'median_structure', 'FamilyMedian',
+           'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian',
+           'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'llm_answerer', 'make_answerers',
+           'predictions', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers', 'chance_subsample',
+           'is_real', 'ordered', 'balance_letters', 'Validation', 'filter_report', 'leave_one_out', 'pair_summary',
+           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
+           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
+           'rates_frame', 'rates_records', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -235,17 +236,28 @@ class PriorAnswerer:
                 for key in levels:
                     self.shown[key][_hashable(o)] += 1
                     if i == ci: self.correct[key][_hashable(o)] += 1
+        self._estimates = {}
         return self
 
-    def estimate(self, r: dict) -> tuple | None:
-        "(median, spread) of the training quantities (log scale) at the most specific level that has any, else None."
-        for key in _levels(r):
-            vals = self.values.get(key)
+    def _estimate_at(self, key: tuple) -> tuple | None:
+        """(median, spread) of the training quantities (log scale) under `key`, None when it has none (or quantities of
+        different shapes); computed once per fit: the coarsest key holds a quantity of every training question of its
+        subtask, and taking its median afresh for every question made a fit and its answers cost questions squared."""
+        cache = self.__dict__.setdefault("_estimates", {})
+        if key not in cache:
+            vals, est = self.values.get(key), None
             if vals and all(np.shape(v) == np.shape(vals[0]) for v in vals):
                 a = np.asarray(vals, float)
                 med = np.median(a, axis=0)
                 sd = 1.4826 * np.median(np.abs(a - med), axis=0) if len(a) >= 3 else np.full(np.shape(med), self.spread)
-                return med, float(np.sqrt(np.sum(np.maximum(sd, 0.05) ** 2)))
+                est = med, float(np.sqrt(np.sum(np.maximum(sd, 0.05) ** 2)))
+            cache[key] = est
+        return cache[key]
+
+    def estimate(self, r: dict) -> tuple | None:
+        "(median, spread) of the training quantities (log scale) at the most specific level that has any, else None."
+        for key in _levels(r):
+            if (est := self._estimate_at(key)) is not None: return est
         return None
 
     def proba(self, r: dict) -> list[float] | None:
@@ -258,10 +270,10 @@ class PriorAnswerer:
             med, sd = est
             w = np.exp(-0.5 * (np.array([_log_gap(o, np.exp(med)) for o in opts]) / sd) ** 2)
             return (w / w.sum()).tolist() if w.sum() > 0 else _uniform(len(opts))
-        scores = []
+        scores, levels = [], _levels(r)[::-1]
         for o in opts:
             p = 1 / len(opts)
-            for key in _levels(r)[::-1]:                 # coarse to fine, each level shrunk toward the coarser one
+            for key in levels:                           # coarse to fine, each level shrunk toward the coarser one
                 p = (self.correct[key][_hashable(o)] + self.m * p) / (self.shown[key][_hashable(o)] + self.m)
             scores.append(p)
         return (np.asarray(scores) / sum(scores)).tolist()
@@ -407,6 +419,23 @@ def _settled(ev: dict) -> np.ndarray:
     best = (score == score.max()).astype(float)
     return best / best.sum()
 
+class FamilyMedian(Mapping):
+    """The median anatomy of the scans outside the scan families `exclude` (`per`: per structure name, its measurements
+    by scan id; `families`: per structure name, the families that hold it), in `per`'s order, each structure computed
+    when first asked for (`median_structure`): the leave-one-out atlas of one question needs a handful of the hundred
+    structures, and taking the medians of all of them for every scan family made it cost scans squared."""
+    def __init__(self, per: Mapping[str, Mapping[str, Mapping]], families: Mapping[str, frozenset], exclude):
+        self._per, self._ex, self._done = per, frozenset(exclude), {}
+        self._names = [n for n in per if not families[n] <= self._ex]
+        self._has = set(self._names)
+    def __getitem__(self, name: str) -> Structure:
+        if name not in self._done:
+            if name not in self._has: raise KeyError(name)
+            self._done[name] = median_structure(name, [m for s, m in self._per[name].items() if scan_family(s) not in self._ex])
+        return self._done[name]
+    def __iter__(self): return iter(self._names)
+    def __len__(self) -> int: return len(self._names)
+
 class AtlasAnswerer:
     """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
     With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
@@ -425,6 +454,7 @@ class AtlasAnswerer:
         for r in records:
             for m in (r.get("measurements") or {}).get("structures") or []: per[m["name"]][m["scan_id"]] = m
         self._per, self._cache = per, {}
+        self._families = {n: frozenset(map(scan_family, by_scan)) for n, by_scan in per.items()}
         self.atlas = self._median(())
         return self
 
@@ -439,7 +469,7 @@ class AtlasAnswerer:
         atlas = self.atlas
         if getattr(self, "loso", False):
             key = tuple(sorted({scan_family(s) for s in r.get("scan_ids") or [r["scan_id"]]}))
-            if key not in self._cache: self._cache[key] = self._median(set(key))
+            if key not in self._cache: self._cache[key] = FamilyMedian(self._per, self._families, key)   # = self._median(set(key))
             atlas = self._cache[key]
         try: return evaluate(r, [atlas] * len(r.get("scan_ids") or [r["scan_id"]]))
         except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
@@ -597,8 +627,10 @@ class SubjectAtlasAnswerer:
         for r in records:
             for m in (r.get("measurements") or {}).get("structures") or []:
                 if scan_family(m["scan_id"]) == m["scan_id"]: per[m["scan_id"]][m["name"]] = m
-        self.measured = dict(sorted(per.items()))      # per original scan, its measurements by structure name
-        self._bodies, self._cache = {}, {}
+        per = dict(sorted(per.items()))                # per original scan, its measurements by structure name
+        if per != getattr(self, "measured", None):     # the answers depend on the patients alone: the filter's later
+            self._bodies, self._cache = {}, {}         # rounds, which know no other patient, keep those of the first
+        self.measured = per
         return self
 
     def eligible(self, r: dict) -> list[str]:
@@ -814,6 +846,17 @@ def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]
     if len(gid) != len(records): raise ValueError(f"{len(gid)} group ids for {len(records)} records")
     return gid, list(dict.fromkeys(gid))
 
+MILP_TIME_LIMIT = 120   # seconds (wall-clock) each 0/1 program of the filter may take
+
+def _solved(res, what: str):
+    """`res` of `scipy.optimize.milp`, with a warning when the solver stopped at its time limit (status 1): the solution
+    it returns then depends on how fast this machine ran (the second letter-balancing program, with its seeded
+    tie-break, took 98 s of the 120 on a busy 2-core machine for one task at 240 scans; benchmarks/bench_pipeline.py)."""
+    if res.status == 1:
+        get_logger(__name__).warning("%s: the 0/1 program stopped at its %d s time limit (%s); its solution depends on "
+                                     "this machine's speed", what, MILP_TIME_LIMIT, res.message)
+    return res
+
 def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray,
               family: Sequence[str] | None = None, cap: float | None = None,
               letters: np.ndarray | None = None, slack: float = 0.0) -> np.ndarray | None:
@@ -834,8 +877,8 @@ def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight
     A = np.hstack(rows).T
     ub = np.full(A.shape[0], 1e-9)
     if letters is not None: ub[-2 * letters.shape[1]:] += float(slack)
-    res = milp(c=-(weight * size), constraints=LinearConstraint(A, -np.inf, ub),
-               integrality=np.ones(len(size)), bounds=Bounds(0, 1), options={"time_limit": 120, "mip_rel_gap": 1e-4})
+    res = _solved(milp(c=-(weight * size), constraints=LinearConstraint(A, -np.inf, ub), integrality=np.ones(len(size)),
+                       bounds=Bounds(0, 1), options={"time_limit": MILP_TIME_LIMIT, "mip_rel_gap": 1e-4}), "chance subsample")
     return None if res.x is None else res.x > 0.5
 
 def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
@@ -950,16 +993,18 @@ def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.nda
     eq = np.zeros((k, nv))                                    # every letter: its count minus the common count = 0
     for j, (g, t) in enumerate(idx): eq[:, j] = swaps[g][t]
     eq[:, -1] = -1
-    res = milp(c=c, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0)], integrality=np.ones(nv),
-               bounds=Bounds(0, ub), options={"time_limit": 120})
+    res = _solved(milp(c=c, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0)], integrality=np.ones(nv),
+                       bounds=Bounds(0, ub), options={"time_limit": MILP_TIME_LIMIT}),
+                  "letter balance (most kept)")
     if res.x is None: return None
     if stay is not None:                                      # as many kept (by weight), then the fewest swaps
         kw = np.zeros(nv); kw[:-1] = [weight[g] * size[g] for g, _ in idx]
         tie = np.random.default_rng([seed, 1]).uniform(0, 0.5 / max(1, len(swaps)), len(idx))   # < 1 in all
         c2 = np.zeros(nv); c2[:-1] = -(np.array([float(t == stay[g]) for g, t in idx]) + tie)
-        res2 = milp(c=c2, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0),
-                                       LinearConstraint(kw, float(kw @ np.round(res.x)) - 1e-6, np.inf)],
-                    integrality=np.ones(nv), bounds=Bounds(0, ub), options={"time_limit": 120})
+        res2 = _solved(milp(c=c2, constraints=[LinearConstraint(one, 0, 1), LinearConstraint(eq, 0, 0),
+                                               LinearConstraint(kw, float(kw @ np.round(res.x)) - 1e-6, np.inf)],
+                            integrality=np.ones(nv), bounds=Bounds(0, ub),
+                            options={"time_limit": MILP_TIME_LIMIT}), "letter balance (fewest swaps)")
         if res2.x is not None: res = res2
     out: list[int | None] = [None] * len(swaps)
     for j, (g, t) in enumerate(idx):
