@@ -1,0 +1,56 @@
+"""Real OpenKBP patients end to end (issue 21): converted, measured and asked with the pipeline's own parameters, no
+question names a radiotherapy target (PTV) although the label maps keep them, and every question about a side keeps the
+patient's own left and right (the converter's axis convention, checked here on the questions themselves)."""
+import shutil
+
+import pytest
+
+from spatialvqa.anatomy import TARGETS
+from spatialvqa.convert import convert_openkbp
+from spatialvqa.core import load_params, shared_data, write_json
+from spatialvqa.measure import measure_manifests
+from spatialvqa.questions import Margins, generate_questions, parse_budget, parse_per_source
+
+PATIENTS = ("pt_242", "pt_243", "pt_245", "pt_246", "pt_247", "pt_248")   # of test-pats, all holding PTVs
+
+
+@pytest.fixture(scope="module")
+def asked(tmp_path_factory):
+    src = shared_data("real-ct", "openkbp")
+    d = tmp_path_factory.mktemp("openkbp")
+    for p in PATIENTS:   # a split folder holding just these patients
+        shutil.copytree(src / "provided-data" / "test-pats" / p, d / "test-pats" / p)
+    recs = convert_openkbp(d / "test-pats", d / "scans", workers=0)
+    table, scans, rejected = measure_manifests(write_json(recs, d / "scans.json"), workers=0)
+    p = load_params("generate")
+    qs = generate_questions(table, seed=0, scans=scans, per_scan=parse_budget(p["per_scan"]),
+                            per_source=parse_per_source(p["per_source"]), min_voxels=int(p["min_voxels"]),
+                            margins=Margins.from_dict(p.get("margins")))
+    return recs, table, rejected, qs
+
+
+def test_ptvs_stay_labels_and_are_never_asked(asked):
+    recs, table, rejected, qs = asked
+    assert rejected == []
+    targets = set(TARGETS.values())
+    # the label maps keep the targets (every one of the six patients has them) ...
+    assert table.scan_id[table.name.isin(targets)].nunique() == len(PATIENTS)
+    # ... and no question, option or measurement names one
+    assert len(qs) > 50
+    for q in qs:
+        names = {m["name"] for m in (q.get("measurements") or {}).get("structures") or []}
+        assert not names & targets, q["qid"]
+        assert "ptv" not in q["question"].lower() and "target volume" not in q["question"].lower(), q["qid"]
+        assert not any("target volume" in str(o).lower() for o in q.get("options") or []), q["qid"]
+
+
+def test_left_structures_lie_left_in_world_space(asked):
+    # RAS+: x grows toward the patient's right, so a right structure's centroid has the larger x, on the converted label maps of every patient
+    _, table, _, _ = asked
+    pairs = 0
+    for sid, sub in table.set_index("name").groupby("scan_id"):
+        for left, right in (("parotid_gland_left", "parotid_gland_right"),):
+            if left in sub.index and right in sub.index:
+                assert sub.loc[right, "centroid_x"] > sub.loc[left, "centroid_x"] + 40, sid   # parotids lie ~10 cm apart
+                pairs += 1
+    assert pairs >= 5
