@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro repro-check test check nbtest pytest pytest-slow bench bench-pipeline readme interop docs
+.PHONY: setup repro repro-check test check nbtest pytest pytest-slow bench bench-pipeline stage-times readme interop docs
 
 setup: $(VENV)/.setup-done
 
@@ -70,6 +70,10 @@ bench: setup
 # 1.3x. About 40 min on 2 busy cores. More options in BENCH_PIPELINE_ARGS, e.g. --no-dask, --by cpu, --sizes 30,120
 bench-pipeline: setup
 	python benchmarks/bench_pipeline.py --check $(BENCH_PIPELINE_ARGS)
+
+# each stage's time in the last `dvc repro` (from the executed notebooks' papermill metadata): after a cold `make repro`
+stage-times:
+	python benchmarks/stage_times.py --markdown
 
 # README.md is written from nbs/index.ipynb (tests/test_readme.py checks that it is up to date)
 readme:

@@ -1,0 +1,42 @@
+"""benchmarks/stage_times.py reads each stage's time from the executed notebooks papermill leaves (issue 22's table)."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import stage_times  # noqa: E402
+
+
+def _nb(path, start, end):
+    meta = {"papermill": {"start_time": f"2026-01-01T10:{start}+00:00", "end_time": f"2026-01-01T10:{end}+00:00"}}
+    path.write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))
+
+
+def test_stage_times(tmp_path, capsys):
+    (tmp_path / "dvc.yaml").write_text("""stages:
+  a:
+    cmd: ${nb} nbs/stages/a.ipynb reports/notebooks/a.ipynb -p x 1
+  a_twin:
+    cmd: ${nb} nbs/stages/a_twin.ipynb reports/notebooks/a_twin.ipynb
+  infer:
+    foreach: ${models}
+    do:
+      cmd: ${nb} nbs/stages/infer.ipynb reports/notebooks/infer_${key}.ipynb
+  never:
+    cmd: ${nb} nbs/stages/never.ipynb reports/notebooks/never.ipynb
+""")
+    r = tmp_path / "nbs"; r.mkdir()
+    _nb(r / "a.ipynb", "00:00", "01:30")          # 90 s
+    _nb(r / "a_twin.ipynb", "02:00", "02:10")     # 10 s: not a foreach entry of `a`
+    _nb(r / "infer_random.ipynb", "01:30", "01:40")
+    _nb(r / "infer_oracle.ipynb", "01:40", "02:00")
+    stages = stage_times.stage_notebooks(tmp_path / "dvc.yaml")
+    assert stages == {"a": "a", "a_twin": "a_twin", "infer": "infer_*", "never": "never"}
+    rows, missing = stage_times.table(stages, stage_times.read_times(r))
+    assert {x["stage"]: (x["notebooks"], x["seconds"]) for x in rows} == {"a": (1, 90), "a_twin": (1, 10), "infer": (2, 30)}
+    assert missing == ["never"]
+    assert stage_times.main(["--reports", str(r), "--dvc-yaml", str(tmp_path / "dvc.yaml"), "--markdown", "--wall", "200"]) == 0
+    out = capsys.readouterr()
+    assert "| **sum of the stages** | 4 | **2 min 10.0 s** | 100% |" in out.out
+    assert "1 min 10.0 s" in out.out and "never" in out.err
+    assert stage_times.main(["--reports", str(tmp_path / "none"), "--dvc-yaml", str(tmp_path / "dvc.yaml")]) == 2
