@@ -112,7 +112,10 @@ _STAGE_HELP = {  # subcommand -> help; each runs nbs/stages/<subcommand>.ipynb
     "tables": "Track A tables with scan-bootstrap intervals from the scores (the tables stage)",
 }
 STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a command's arguments
-    "generate": dict(outputs={"out": "", "results": "", "figures": "figures"}, measured=("structures", "scans")),
+    "generate": dict(outputs={"out": "", "results": "", "figures": "figures"}, measured=("structures", "scans"),
+                     defaults={"params_file": str(Path(importlib.import_module("spatialvqa").__file__).resolve().parents[1] / "params.yaml")},   # its measured margins
+                     notes={"params_file": "params.yaml whose generate.margins (inter-reader margins) every key respects "
+                                           "(default: the repository's, from any working directory)"}),
     "validate": dict(positional="questions", outputs={"out": "", "results": ""}, measured=("structures", "scans"),
                      benchmark="questions", min_scans="folds"),
     "render": dict(positional="questions", outputs={"out": "", "results": ""}, benchmark="questions", staged=False,

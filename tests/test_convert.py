@@ -487,21 +487,31 @@ def test_totalsegmentator_real_examples(tmp_path):
 
 
 def test_default_datasets_list(tmp_path):
-    "The pipeline's default list, pointed at the shared mirror: every record carries its dataset's name as source."
+    """The pipeline's default list, pointed at the shared mirror (OpenKBP: two of its patients): every record carries
+    its dataset's name as source, and the full CT of s0001's patient joins s0001's scan family."""
+    import shutil
     import yaml
     from spatialvqa.core import write_json
+    from spatialvqa.counterfactual import scan_family
     params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     entries = check_datasets(params["datasets"])
-    assert [(e["name"], e["kind"]) for e in entries] == [("totalseg_s0001", "totalsegmentator"), ("totalseg_dicom", "totalsegmentator"),
-                                                         ("pyradiomics", "pyradiomics"), ("phantom", "phantom")]
+    assert [(e["name"], e["kind"]) for e in entries] == [
+        ("totalseg_s0001", "totalsegmentator"), ("totalseg_dicom", "totalsegmentator"), ("totalseg_full", "totalsegmentator"),
+        ("pyradiomics", "pyradiomics"), ("nsclc_radiomics", "rtstruct"), ("openkbp", "openkbp"), ("phantom", "phantom")]
     mirror = need(SHARED).parent
     cohort = tmp_path / "phantom"
     cohort.mkdir()
     write_json([], cohort / "cohort.json")
+    kbp = tmp_path / "openkbp" / "test-pats"
+    for pt in ("pt_242", "pt_243"):
+        shutil.copytree(mirror / "real-ct" / "openkbp" / "provided-data" / "test-pats" / pt, kbp / pt)
     for e in entries:   # data/raw is the fetched copy of the mirror; data/phantom the phantom stage's output
-        e["path"] = str(cohort) if e["kind"] == "phantom" else e["path"].replace("data/raw", str(mirror))
+        e["path"] = (str(cohort) if e["kind"] == "phantom" else str(kbp.parent) if e["kind"] == "openkbp"
+                     else e["path"].replace("data/raw", str(mirror)))
     recs = convert_datasets(entries, tmp_path / "scans", workers=0)
     assert [(r["scan_id"], r["source"]) for r in recs] == [
         ("totalseg_s0001", "totalseg_s0001"), ("totalseg_dicom_example", "totalseg_dicom"),
-        ("pyradiomics_lung1", "pyradiomics"), ("pyradiomics_lung2", "pyradiomics")]
-    assert {r["licence"] for r in recs[:2]} == {"Apache-2.0"} and recs[2]["licence"] == "BSD-3-Clause"
+        ("totalseg_s0001~full", "totalseg_full"), ("pyradiomics_lung1", "pyradiomics"), ("pyradiomics_lung2", "pyradiomics"),
+        ("rtstruct_LUNG1-001", "nsclc_radiomics"), ("openkbp_pt_242", "openkbp"), ("openkbp_pt_243", "openkbp")]
+    assert scan_family(recs[2]["scan_id"]) == scan_family(recs[0]["scan_id"]) == "totalseg_s0001"   # one patient, once
+    assert {r["licence"] for r in recs[:3]} == {"Apache-2.0"} and recs[3]["licence"] == "BSD-3-Clause"

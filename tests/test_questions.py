@@ -41,7 +41,15 @@ def test_every_task_and_tumours(cohort):
     tasks = Counter(r["task"] for r in recs)
     assert set(tasks) == set(Q.TASKS), tasks
     assert all(tasks[t] >= 24 for t in Q.TASKS), tasks
-    assert {r["subtask"] for r in recs} == set(Q.SUBTASKS)           # every subtask occurs
+    # every subtask occurs but COMP.asymmetry, which needs a left/right volume ratio clear of equal: this cohort's kidneys
+    # are too alike (8 of 11,088 questions in the pipeline), so it is shown on them with one kidney enlarged
+    assert {r["subtask"] for r in recs} >= set(Q.SUBTASKS) - {"COMP.asymmetry"}
+    t = cohort["table"].copy()
+    big = t.name == "kidney_left"
+    t.loc[big, "volume_ml"] *= 1.8
+    asym = [r for r in Q.generate_questions(t, seed=0, scans=cohort["scans"], per_scan={"COMP": 12}, tasks=["COMP"])
+            if r["subtask"] == "COMP.asymmetry"]
+    assert asym and all({"kidney_left", "kidney_right"} <= set(r["structures"]) for r in asym)
     tum = [r for r in recs if r["tumour_type"]]
     assert len(tum) >= 10
     for r in tum:                                                    # tumour questions name the tumour labels
