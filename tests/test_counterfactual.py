@@ -449,8 +449,11 @@ def test_generate_stage_pairs(tmp_path, written):
 
 
 def test_resize_flips_in_the_pipeline():
-    "The committed pipeline run: resized copies (of askable structures: parotids, kidneys, brainstem...) flip twins too."
-    pairs = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "benchmark" / "pairs.csv")
-    flips = pairs.groupby("copy").flipped.sum()
-    print(flips.to_dict())
-    assert flips["resize"] >= 50 and flips["mirror"] >= 50
+    """The committed pipeline run (results/tables/pair_accuracy.csv, the tables stage's): resized copies (of askable
+    structures: parotids, kidneys, brainstem...) flip kept multiple-choice pairs too, and the oracle gets them right."""
+    t = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "tables" / "pair_accuracy.csv")
+    o = t[t.Model.str.startswith("Oracle")].set_index("Group")
+    print(o[["Pairs", "Flip pairs"]].to_dict())
+    assert o.loc["resize", "Flip pairs"] >= 10 and o.loc["mirror", "Flip pairs"] >= 10
+    assert o.loc["resize", "Flip pairs"] + o.loc["mirror", "Flip pairs"] == o.loc["all", "Flip pairs"]
+    assert o.loc["resize", "Flip-pair acc."].startswith("100.0")
