@@ -22,15 +22,15 @@ from .anatomy import ANATOMY, NAME_TO_ID, TUMOURS, counterpart, label_name, refe
 from .core import PNG_METADATA, get_logger, parallel_map, read_json, stable_hash, write_json
 from .measure import Structure, measure_labels
 from .questions import (
-    LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
+    AskPolicy, LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
     Geometry, measured_structure, measurement, structure_from_row, structure_weight, vol_larger)
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
 __all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'present_names', 'mirror_affine', 'mirror_volume',
-           'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'resizable',
-           'resize_candidates', 'resize_auto', 'show_copies', 'flipped', 'counterfactual_record', 'pair_questions',
-           'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of', 'read_manifests', 'select_scans',
+           'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'askable_size',
+           'resizable', 'resize_candidates', 'resize_auto', 'show_copies', 'flipped', 'counterfactual_record',
+           'pair_questions', 'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of', 'read_manifests', 'select_scans',
            'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row', 'split_copies', 'pair_focus',
            'flip_predicate', 'flip_predicates']
 
@@ -233,9 +233,14 @@ def resize_structure(scan: Scan, target: str | int, factor: float, names: Mappin
 def _scaled(s: Structure, factor: float) -> Structure:
     return dataclasses.replace(s, voxels=max(1, int(round(s.voxels * factor ** 3))), volume_ml=s.volume_ml * factor ** 3)
 
+def askable_size(name: str, volume_ml: float, policy: AskPolicy = AskPolicy()) -> bool:
+    "Large enough for a question to name it (`AskPolicy`: 5 mL, a lesion 1 mL): a resize aims at what can be asked."
+    info = ANATOMY.get(name)
+    return volume_ml >= (policy.lesion_min_ml if info is not None and info.category == "lesion" else policy.min_ml)
+
 def _plausible(name: str, volume_ml: float) -> bool:
     r = reference_range(name)
-    return r is None or r[0] <= volume_ml <= r[1]
+    return askable_size(name, volume_ml) and (r is None or r[0] <= volume_ml <= r[1])
 
 RESIZE_GROUPS = ("pair", "tumour", "other")
 RESIZABLE = ("organ", "gland", "muscle", "lesion")     # categories whose size varies between people, as a whole
@@ -261,7 +266,7 @@ def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], fa
         if np.any(lo < 1) or np.any(hi > shape - 2): return False         # cut by the field of view: never asked about
         c = (lo + hi) / 2   # a first check about the box centre; resize_structure checks about the centroid
         return bool(np.all(c + (lo - c) * f >= 1) and np.all(c + (hi - c) * f <= shape - 2))
-    ok = {n: s for n, s in structs.items() if s.voxels >= min_voxels and resizable(n)}
+    ok = {n: s for n, s in structs.items() if s.voxels >= min_voxels and resizable(n) and askable_size(n, s.volume_ml)}
     groups = {g: [] for g in RESIZE_GROUPS}
     pairs = sorted({tuple(sorted((n, counterpart(n)))) for n in ok if counterpart(n) in ok},
                    key=lambda p: (not p[0].startswith("kidney_"), -structure_weight(p[0]),

@@ -26,22 +26,22 @@ from .measure import Structure, bbox_center_distance, direction, measure_labels,
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
            'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'TASK_QUANTITIES',
            'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE',
-           'SUBTASKS', 'POINTS', 'PAIR_EDGES', 'EVALUATORS', 'ELONGATED', 'COVERAGE_DEPENDENT', 'GENERATORS',
-           'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'EXACT_SOURCES', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine',
-           'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'structure_class', 'Margins', 'pair_stem',
-           'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase',
-           'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance', 'evaluate', 'structure_weight',
-           'ScanContext', 'scan_context', 'positional', 'plausible_volume', 'plausible_length', 'related', 'AskPolicy',
-           'measurement', 'measured_structure', 'contexts_from_tables', 'parse_budget', 'parse_per_source',
-           'generate_questions', 'structures_of', 'crop_to_region', 'rederive', 'check_record', 'base_qid',
-           'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance', 'composition_long',
-           'composition', 'markdown_table']
+           'SUBTASKS', 'POINTS', 'PAIR_EDGES', 'EVALUATORS', 'LADDER_JITTER', 'ELONGATED', 'COVERAGE_DEPENDENT',
+           'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'EXACT_SOURCES', 'NO_TUMOUR', 'Geometry',
+           'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'structure_class',
+           'Margins', 'pair_stem', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
+           'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance', 'evaluate',
+           'structure_weight', 'ScanContext', 'scan_context', 'ladder_ratios', 'positional', 'plausible_volume',
+           'plausible_length', 'related', 'AskPolicy', 'patient_of', 'measurement', 'measured_structure',
+           'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions', 'structures_of',
+           'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations', 'with_rotations',
+           'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
 MC_TASKS = TASKS[:5]
 LETTERS = "ABCD"
-GENERATOR_VERSION = 2   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors
+GENERATOR_VERSION = 3   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors; 3: evenly spaced ladders
 DIRECTIONS = {"right": (0, 1), "left": (0, -1), "anterior": (1, 1), "posterior": (1, -1),
               "superior": (2, 1), "inferior": (2, -1)}
 REL_TOL = 0.10        # every measurement is uncertain by at least 10 % of its value
@@ -922,40 +922,54 @@ def _pick_set(c: ScanContext, rng, focus: str | None, best_ok: Callable[[str], b
     return None if rest is None else [best, *rest]
 
 # %% ../nbs/20_questions.ipynb #39ae8f4d
-def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng, pool: Sequence[float] = (),
-            bounds: tuple[float, float] | None = None, clear: Callable[[float], bool] | None = None) -> list[float] | None:
-    """Four shown values in ascending order with the (shown) true value `t` at index `k`. The others are values
-    of other structures (`pool`) when one fits, else scaled true values; every two are clearly distinct, every one
-    lies within `bounds` (the plausible range of the quantity asked about; None: unbounded) and, with `clear`, is
-    wrong for every measurement within the inter-reader margins (`_clear`)."""
+LADDER_JITTER = 1.15   # the step between numeric options: the smallest that clears the margins, times up to this
+
+def _min_ratio(ok: Callable[[float], bool], r0: float, r_max: float = 1e3, rel: float = 1.005) -> float | None:
+    """The smallest ratio r >= `r0` with `ok(r)`, to within a factor `rel`; None when not even `r_max` passes. `ok` must
+    be monotone (false below some ratio, true from there on: a value farther from the truth stays wrong), which lets an
+    exponential search and a bisection find it in a dozen calls instead of stepping up 5 % at a time."""
+    if ok(r0): return r0
+    lo, top, step = math.log(r0), math.log(r_max), math.log(1.1)
+    while True:
+        hi = min(lo + step, top)
+        if ok(math.exp(hi)): break
+        if hi >= top: return None
+        lo, step = hi, 2 * step
+    while hi - lo > math.log(rel):
+        mid = (lo + hi) / 2
+        if ok(math.exp(mid)): hi = mid
+        else: lo = mid
+    return math.exp(hi)
+
+def ladder_ratios(c: float, tol: Callable[[float], float],
+                  clear: Callable[[float], bool] | None = None) -> tuple[float | None, float | None]:
+    """(below, above): the smallest ratios (at least `MIN_RATIO`, with 2 % to spare for rounding) by which an option
+    under or over the shown true value `c` is clearly distinct from it and, with `clear`, wrong for every measurement
+    within the inter-reader margins; None where no ratio is."""
     far = (lambda x: True) if clear is None else clear
-    if bounds is not None:
-        lo_b, hi_b = min(bounds[0], t), max(bounds[1], t)
-        pool = [p for p in pool if lo_b <= p <= hi_b]
+    r0 = MIN_RATIO * 1.02
+    down = _min_ratio(lambda r: _num_distinct(c, c / r, tol) and far(c / r), r0)
+    up = _min_ratio(lambda r: _num_distinct(c * r, c, tol) and far(c * r), r0)
+    return down, up
+
+def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
+            bounds: tuple[float, float] | None = None, clear: Callable[[float], bool] | None = None,
+            ratios: tuple[float | None, float | None] | None = None) -> list[float] | None:
+    """Four shown values in ascending order, evenly spaced in log scale, with the (shown) true value `t` at index `k`:
+    neighbours differ by one ratio, the larger of `ladder_ratios` on the sides the ladder uses, times a random factor up
+    to `LADDER_JITTER`. Every value lies within `bounds` (the plausible range of the quantity; None: unbounded), every
+    two are clearly distinct and, with `clear`, every distractor is wrong for every measurement within the margins
+    (`_clear`). `ratios`: `ladder_ratios`' answer when the caller has it."""
     c = shown(t, unit)
     if c <= 0 or _num_truth(c, t, tol) is not True: return None    # a value shown as 0 has no ladder (and no ratio)
-    vals, prev = [c], c
-    for _ in range(k):                                           # below the true value
-        hi = prev / (MIN_RATIO * 1.02)
-        while hi > 1e-3 * c and not (_num_distinct(prev, hi, tol) and far(hi)): hi /= 1.05
-        if hi <= 1e-3 * c: return None
-        cands = [p for p in pool if hi / 1.5 <= p <= hi]
-        x = float(rng.choice(cands)) if cands and rng.random() < 0.5 else hi / rng.uniform(1.0, 1.3)
-        x = shown(x, unit)
-        if x <= 0: return None
-        vals.insert(0, x)
-        prev = x
-    prev = c
-    for _ in range(3 - k):                                       # above it
-        lo = prev * MIN_RATIO * 1.02
-        while not (_num_distinct(lo, prev, tol) and far(lo)): lo *= 1.05
-        cands = [p for p in pool if lo <= p <= lo * 1.5]
-        x = shown(float(rng.choice(cands)) if cands and rng.random() < 0.5 else lo * rng.uniform(1.0, 1.3), unit)
-        vals.append(x)
-        prev = x
-    if any(not _num_distinct(y, x, tol) for x, y in itertools.combinations(vals, 2)): return None
-    if bounds is not None and not all(lo_b <= v <= hi_b for v in vals): return None
-    if clear is not None and not all(far(v) for i, v in enumerate(vals) if i != k): return None
+    down, up = ladder_ratios(c, tol, clear) if ratios is None else ratios
+    need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
+    if None in need: return None
+    r = max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+    vals = [c if i == k else shown(c * r ** (i - k), unit) for i in range(4)]
+    if min(vals) <= 0 or any(not _num_distinct(y, x, tol) for x, y in zip(vals, vals[1:])): return None
+    if bounds is not None and not all(min(bounds[0], t) <= v <= max(bounds[1], t) for v in vals): return None
+    if clear is not None and not all(clear(v) for i, v in enumerate(vals) if i != k): return None
     return vals
 
 def _both_orders(variants: list[list[dict] | None]) -> list[list[dict] | None]:
@@ -967,12 +981,14 @@ def _both_orders(variants: list[list[dict] | None]) -> list[list[dict] | None]:
         if v is not None and out[3 - k] is None: out[3 - k] = v[::-1]
     return out
 
-def _numeric_variants(t, tol, unit, rng, pool=(), bounds=None, clear=None) -> list[list[dict] | None]:
+def _numeric_variants(t, tol, unit, rng, bounds=None, clear=None) -> list[list[dict] | None]:
     """For each correct position 0-3, the four numeric options (ascending, or descending where only that fits) within
-    `bounds`, or None where no ladder fits."""
+    `bounds`, or None where no ladder fits; the ratios are searched once for all four."""
+    c = shown(t, unit)
+    ratios = ladder_ratios(c, tol, clear) if c > 0 else (None, None)
     out = []
     for k in range(4):
-        v = _ladder(t, k, tol, unit, rng, pool, bounds, clear)
+        v = _ladder(t, k, tol, unit, rng, bounds, clear, ratios)
         out.append(None if v is None else [{"key": x, "text": fmt_number(x, unit)} for x in v])
     return _both_orders(out)
 
@@ -1199,10 +1215,9 @@ def _g_dist_value(c, rng, focus, others=()):
     axes = _free_axes(c.cut_of(ab))
     if len(axes) < 2: return None
     t = box_distance(c.s(a), c.s(b), axes)
-    pool = [box_distance(c.s(x), c.s(y), axes) for x in (a, b) for y in c.pool if y not in (a, b)]
     spec = {"a": a, "b": b, **_dist_spec(axes)}
     return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm",
-                 variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, pool, (0.0, 600.0), _clear(c, "DIST.value", spec)))
+                 variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, (0.0, 600.0), _clear(c, "DIST.value", spec)))
 
 def _g_dist_best(c, rng, focus, farthest: bool):
     if (got := _reference(c, rng, focus)) is None: return None
@@ -1266,9 +1281,8 @@ def _g_ext_value(c, rng, focus, others=()):
     ax = free[int(rng.integers(len(free)))]
     E = lambda n: phys_extent(c.s(n), c.geom)
     t = float(E(a)[ax])
-    pool = [float(E(n)[ax]) for n in c.pool if n != a] + [float(v) for i, v in enumerate(E(a)) if i != ax]
     return _item(c, "EXT.value", [a], {"a": c.name(a), "axis": _AXIS_WORD[ax], "dim": _AXIS_DIM[ax]}, {"a": a, "axis": ax},
-                 "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, pool, plausible_length(a),
+                 "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, plausible_length(a),
                                                   _clear(c, "EXT.value", {"a": a, "axis": ax})))
 
 def _triple_distinct(x, y, g) -> bool:
@@ -1276,25 +1290,32 @@ def _triple_distinct(x, y, g) -> bool:
     return any(_num_distinct(max(x[i], y[i]), min(x[i], y[i]), lambda v, i=i: tol_extent(v, i, g)) for i in range(3))
 
 def _g_ext_bbox(c, rng, focus, others=()):
+    """The box's three extents against three boxes of the same shape scaled up and down by one ratio (the smallest
+    that clears the tolerances and margins, `_min_ratio`), in ascending size: no distractor swaps the key's axes or
+    keeps some of its extents, so no option is the one the others were made from."""
     a = _one(c, rng, focus)
     if not a or c.cut_of([a]): return None
     e = [shown(float(v), "mm") for v in phys_extent(c.s(a), c.geom)]
-    cands = [[e[i] for i in p] for p in itertools.permutations(range(3)) if list(p) != [0, 1, 2]]
-    cands += [[shown(e[i] * f[i], "mm") for i in range(3)] for f in
-              ([1.4, 1, 1], [1, 1 / 1.4, 1], [1, 1, 1.5], [1 / 1.5, 1 / 1.5, 1 / 1.5], [1.5, 1.5, 1.5], [1.5, 1, 1 / 1.5],
-               [1 / 1.4, 1.4, 1], [1, 1.4, 1 / 1.4], [1.3, 1.3, 1], [1, 1 / 1.4, 1 / 1.4])]
-    cands += [[shown(float(v), "mm") for v in phys_extent(c.s(n), c.geom)] for n in c.pool if n != a]
-    cands = [cands[i] for i in rng.permutation(len(cands))]
+    if min(e) <= 0: return None
+    box = lambda f: [shown(v * f, "mm") for v in e]
+    far = _clear(c, "EXT.bbox", {"a": a}) or (lambda x: True)
+    ok = lambda f: _triple_distinct(box(f), e, c.geom) and far(box(f))
+    r0 = MIN_RATIO * 1.02
+    down, up = _min_ratio(lambda r: ok(1 / r), r0), _min_ratio(ok, r0)
     hi = max(max(e), (plausible_length(a) or (0, max(e)))[1])
-    aspect = max(3.0, max(e) / max(min(e), 1e-6))
-    plausible = lambda x: max(x) <= hi and max(x) / max(min(x), 1e-6) <= aspect
-    chosen, far = [e], _clear(c, "EXT.bbox", {"a": a}) or (lambda x: True)
-    for x in cands:
-        if min(x) > 0 and plausible(x) and all(_triple_distinct(x, y, c.geom) for y in chosen) and far(x): chosen.append(x)
-        if len(chosen) == 4: break
-    if len(chosen) < 4: return None
     txt = lambda x: " × ".join(fmt_number(v, "mm").split()[0] for v in x) + " mm"
-    return _item(c, "EXT.bbox", [a], {"a": c.name(a)}, {"a": a}, "mm", options=[{"key": x, "text": txt(x)} for x in chosen])
+    variants = []
+    for k in range(4):
+        need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
+        boxes = None
+        if None not in need:
+            r = max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+            boxes = [e if i == k else box(r ** (i - k)) for i in range(4)]
+            if not (min(min(x) for x in boxes) > 0 and max(max(x) for x in boxes) <= hi
+                    and all(_triple_distinct(y, x, c.geom) for x, y in zip(boxes, boxes[1:]))
+                    and all(far(x) for i, x in enumerate(boxes) if i != k)): boxes = None
+        variants.append(None if boxes is None else [{"key": x, "text": txt(x)} for x in boxes])
+    return _item(c, "EXT.bbox", [a], {"a": c.name(a)}, {"a": a}, "mm", variants=_both_orders(variants))
 
 def _g_ext_max(c, rng, focus, others=()):
     ax = int(rng.integers(3))
@@ -1312,9 +1333,8 @@ def _g_vol_value(c, rng, focus, others=()):
     a = _one(c, rng, focus)
     if not a: return None
     s = c.s(a)
-    pool = [c.s(n).volume_ml for n in c.pool if n != a]
     return _item(c, "VOL.value", [a], {"a": c.name(a)}, {"a": a}, "mL",
-                 variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, pool, plausible_volume(a, bool(c.cut_of([a]))),
+                 variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, plausible_volume(a, bool(c.cut_of([a]))),
                                             _clear(c, "VOL.value", {"a": a})))
 
 def _g_vol_range(c, rng, focus, others=()):
@@ -1351,7 +1371,7 @@ def _g_vol_sum(c, rng, focus, others=()):
     ra, rb = plausible_volume(a, bool(c.cut_of([a]))), plausible_volume(b, bool(c.cut_of([b])))
     bounds = None if ra is None or rb is None else (ra[0] + rb[0], ra[1] + rb[1])
     return _item(c, "VOL.sum", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "mL",
-                 variants=_numeric_variants(t, lambda x: abs(x) * rel, "mL", rng, (), bounds, _clear(c, "VOL.sum", {"a": a, "b": b})))
+                 variants=_numeric_variants(t, lambda x: abs(x) * rel, "mL", rng, bounds, _clear(c, "VOL.sum", {"a": a, "b": b})))
 
 def _g_vol_difference(c, rng, focus, others=()):
     ab = _related_pair(c, rng, focus)
@@ -1363,7 +1383,7 @@ def _g_vol_difference(c, rng, focus, others=()):
     floor = tol_volume(A.volume_ml, A.voxels) + tol_volume(B.volume_ml, B.voxels)
     ra = plausible_volume(a, bool(c.cut_of([a])))
     return _item(c, "VOL.difference", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "mL",
-                 variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng, (), None if ra is None else (0.0, ra[1]),
+                 variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng, None if ra is None else (0.0, ra[1]),
                                             _clear(c, "VOL.difference", {"a": a, "b": b})))
 
 # %% ../nbs/20_questions.ipynb #b88f3a52
@@ -1424,8 +1444,19 @@ def _g_volest_ratio(c, rng, focus, others=()):
     if not (lo <= r <= 50 or 1 / 50 <= r <= 1 / lo): return None
     return _item(c, "VOLEST.ratio", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "ratio")
 
+def patient_of(scan_id: str) -> str:
+    """The patient a scan id belongs to: everything before the first `~` (`<id>~mirror` is a copy of `<id>`,
+    `<id>~followup` another scan of its patient; `spatialvqa.counterfactual.scan_family` is the same rule)."""
+    return scan_id.split("~", 1)[0] or scan_id
+
+_COPY = ("~mirror", "~resize")   # counterfactual copies (`spatialvqa.counterfactual.KINDS`): not a second scan
+
 def _g_volest_cross(c, rng, focus, others=()):
-    partners = [o for o in others if o.scan_id != c.scan_id and o.group == c.group]
+    """The volume of one structure in another scan of the same patient (a follow-up) over this one's: a ratio of
+    two different patients' organs has no clinical use (a radiologist's read of the first version of this question)."""
+    if c.scan_id.endswith(_COPY): return None
+    partners = [o for o in others if o.scan_id != c.scan_id and o.group == c.group
+                and patient_of(o.scan_id) == patient_of(c.scan_id) and not o.scan_id.endswith(_COPY)]
     if not partners: return None
     o = partners[int(rng.integers(len(partners)))]
     whole = lambda n: n not in c.cut and n not in o.cut
