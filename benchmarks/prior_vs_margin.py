@@ -1,0 +1,97 @@
+"""Why real-patient multiple-choice questions rarely survive the blind filter: how much a quantity varies between
+patients against the spacing its options need.
+
+For every OpenKBP original scan (116 patients) and every quantity a numeric multiple-choice question reads (organ
+volumes, extents along each axis, distances between the centres the DIST questions use), this prints:
+
+- `between`: the quantity's spread between patients, the standard deviation of its logarithm;
+- `step`: the log of the smallest ratio between neighbouring options, `spatialvqa.questions.ladder_ratios` on the
+  median patient (the larger of the two sides), with params.yaml's inter-reader margins and the grid's tolerances;
+- `blind`: the accuracy of an answerer that sees no image and picks the option nearest the median patient, on
+  evenly spaced ladders (`spatialvqa.questions._ladder`) built for every patient with the key at each of the four
+  positions in turn (chance 0.25).
+
+When `between` is smaller than `step`, every option but one lies farther from the median patient than the key does
+for most patients: an answerer that knows only the average anatomy wins, and the filter rightly drops the question.
+
+Usage: python benchmarks/prior_vs_margin.py [--structures results/measure/structures.parquet]
+       [--scans results/measure/scans.parquet] [--params params.yaml]
+Needs the measure stage's outputs (dvc repro measure). Runs in about a minute on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from spatialvqa.questions import (_clear, _dist_tol, _ladder, _vol_tol, box_distance, contexts_from_tables,
+                                  ladder_ratios, phys_extent, shown, tol_extent)
+
+NAMES = ("brainstem", "parotid_gland_left", "parotid_gland_right", "larynx", "mandible")
+
+
+def quantities(c):
+    "(label, value, tol, subtask, spec) of every numeric quantity a question about scan context `c` can read."
+    out = []
+    for n in NAMES:
+        if n not in c.structs or n in c.cut: continue
+        s = c.s(n)
+        out.append((f"volume {n}", s.volume_ml, _vol_tol(s), "VOL.value", {"a": n}))
+        e = phys_extent(s, c.geom)
+        for ax, w in enumerate(("LR", "AP", "SI")):
+            out.append((f"extent {w} {n}", float(e[ax]), lambda x, ax=ax: tol_extent(x, ax, c.geom), "EXT.value", {"a": n, "axis": ax}))
+    for a, b in itertools.combinations(NAMES, 2):
+        if a in c.structs and b in c.structs and not c.cut_of([a, b]):
+            out.append((f"distance {a} / {b}", box_distance(c.s(a), c.s(b)), _dist_tol(c.geom), "DIST.value",
+                        {"a": a, "b": b, "by": "bbox_center"}))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--structures", default="results/measure/structures.parquet")
+    ap.add_argument("--scans", default="results/measure/scans.parquet")
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args(argv)
+    margins = yaml.safe_load(open(args.params))["generate"]["margins"]
+    st = pd.read_parquet(args.structures)
+    sc = pd.read_parquet(args.scans)
+    keep = sc[(sc["source"] == "openkbp") & sc["counterfactual"].isna()]["scan_id"]
+    st, sc = st[st["scan_id"].isin(keep)], sc[sc["scan_id"].isin(keep)]
+    ctx = contexts_from_tables(st, sc, 50, margins)
+    rows: dict[str, list] = {}
+    for c in ctx.values():
+        for label, v, tol, sub, spec in quantities(c):
+            rows.setdefault(label, []).append((c, v, tol, sub, spec))
+    out = []
+    for label, items in sorted(rows.items()):
+        vals = np.array([v for _, v, *_ in items])
+        if len(vals) < 20 or (vals <= 0).any(): continue
+        med = float(np.median(vals))
+        c0, v0, tol0, sub0, spec0 = min(items, key=lambda x: abs(x[1] - med))
+        down, up = ladder_ratios(shown(v0, "mm" if sub0 != "VOL.value" else "mL"), tol0, _clear(c0, sub0, spec0))
+        step = max(r for r in (down, up) if r is not None) if (down or up) else math.nan
+        rng, right, asked = np.random.default_rng(0), 0, 0
+        for c, v, tol, sub, spec in items:
+            unit = "mL" if sub == "VOL.value" else "mm"
+            for k in range(4):
+                lad = _ladder(v, k, tol, unit, rng, None, _clear(c, sub, spec))
+                if lad is None: continue
+                asked += 1
+                right += int(np.argmin([abs(math.log(x / med)) for x in lad]) == k)
+        out.append(dict(quantity=label, patients=len(vals), median=round(med, 1), between=round(float(np.log(vals).std()), 3),
+                        step=round(math.log(step), 3) if step == step else None, ladders=asked,
+                        blind=round(right / asked, 3) if asked else None))
+    df = pd.DataFrame(out)
+    print(df.to_markdown(index=False))
+    ok = df.dropna()
+    print(f"\n{int((ok['between'] < ok['step']).sum())} of {len(ok)} quantities vary less between patients than their "
+          f"options must be apart; median-patient answerer: {ok['blind'].median():.2f} (median over quantities; chance 0.25)")
+
+
+if __name__ == "__main__":
+    main()
