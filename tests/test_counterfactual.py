@@ -262,11 +262,12 @@ def test_manifest_of_copies(written):
 
 def test_pairs_rederived_and_checked_with_simpleitk(written):
     pairs, recs = written["pairs"], {r["qid"]: r for r in written["recs"]}
-    assert len(pairs) >= 200
+    assert len(pairs) >= 150        # 163 with evenly spaced ladders (generator version 3; 200+ before)
     flips = [p for p in pairs if p["flipped"]]
     assert len(flips) >= 10, len(flips)
-    # both copies here enlarge the right adrenal gland (4-6 mL, under the 5 mL a radiologist's question needs:
-    # questions.AskPolicy), so only mirrored twins flip; resized twins still re-derive below, and
+    # mirrored twins flip here; a resize targets only a structure large enough to ask about before and after
+    # (counterfactual.askable_size: s0001's gallbladder, not its 4.7 mL adrenal gland), and whether its twins flip
+    # depends on what the originals ask; every resized twin still re-derives below, and
     # test_resize_flips_in_the_pipeline finds the pipeline's resize flips
     assert "mirror" in {p["counterfactual"] for p in flips} and "resize" in {p["counterfactual"] for p in pairs}
     ent = {e["scan_id"]: e for e in written["entries"]}
@@ -454,6 +455,9 @@ def test_resize_flips_in_the_pipeline():
     t = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "tables" / "pair_accuracy.csv")
     o = t[t.Model.str.startswith("Oracle")].set_index("Group")
     print(o[["Pairs", "Flip pairs"]].to_dict())
-    assert o.loc["resize", "Flip pairs"] >= 10 and o.loc["mirror", "Flip pairs"] >= 10
+    # resizes flip volume answers (VOL, COMP, EXT), and with evenly spaced options (generator version 3) a blind answerer
+    # picks most real volume options from the median patient, so the filter keeps few of them: 3 resize flip pairs on
+    # main (143 mirror), 10 or more before
+    assert o.loc["resize", "Flip pairs"] >= 3 and o.loc["mirror", "Flip pairs"] >= 10
     assert o.loc["resize", "Flip pairs"] + o.loc["mirror", "Flip pairs"] == o.loc["all", "Flip pairs"]
     assert o.loc["resize", "Flip-pair acc."].startswith("100.0")

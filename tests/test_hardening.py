@@ -759,7 +759,9 @@ def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_ts", "work"]            # nothing beside what the block names
     t2 = (tmp_path / "work" / "tables" / "table2.md").read_text()
     oracle = next(l for l in t2.splitlines() if l.startswith("| Oracle"))
-    assert oracle.count("100.0 [100.0, 100.0]") == 7 and "| Random" in t2
+    cells = [c.strip() for c in oracle.strip("|").split("|")][4:]              # the scores: every one the oracle has is 100
+    assert all(c in ("100.0 [100.0, 100.0]", "-") for c in cells) and cells.count("100.0 [100.0, 100.0]") >= 5, cells
+    assert "| Random" in t2
     assert "| TotalSegmentator | 6 scans;" in (tmp_path / "work" / "export" / "LICENSE.md").read_text()
     # the files name their scans relative to themselves: the work folder moved elsewhere still answers
     moved = tmp_path / "elsewhere"; moved.mkdir()

@@ -31,10 +31,11 @@ def test_today_flips_margins_do_not(two_readers):
     after = flip_summary(flip_study(st, sc, MARGINS)).set_index("task")
     assert before.loc["all", "flipped"] >= 20, before          # today's rules: keys a second reader's masks change
     assert (after.flipped == 0).all(), after                   # the margins: none, in any task, either way round
-    # nearly as many questions asked: a range question needs an inner bin clear of the margins, and where none fits the
-    # generator asks another of the scan's questions or none (on these scans 457 of 464)
-    assert after.loc["all", "questions"] >= 0.95 * before.loc["all", "questions"], (before, after)
-    assert (after.questions >= 0.9 * before.questions).all(), (before, after)
+    # most questions still asked: a range question needs an inner bin clear of the margins, an evenly spaced ladder a
+    # step that clears them on both sides of the key, and where none fits the generator asks another of the scan's
+    # questions or none (on these scans 441 of 464; VOL, whose volume margins are widest, 57 of 80)
+    assert after.loc["all", "questions"] >= 0.9 * before.loc["all", "questions"], (before, after)
+    assert (after.questions >= 0.65 * before.questions).all(), (before, after)
     assert set(after.index) == {*Q.TASKS, "all"}
 
 
@@ -48,7 +49,7 @@ def test_params_margins_are_the_measured_ones():
             assert np.allclose(getattr(MARGINS, q)[key], getattr(measured, q)[key]), (q, key)
     assert "interreader" in MARGINS.provenance
     s = read_json(ROOT / "results" / "interreader" / "summary.json")
-    assert s["flipped_after"] == 0 < s["flipped_before"] and s["questions_after"] >= 0.95 * s["questions_before"]
+    assert s["flipped_after"] == 0 < s["flipped_before"] and s["questions_after"] >= 0.9 * s["questions_before"]   # 1,887 of 2,030
 
 
 def test_margins_questions_rederive_from_label_maps(tmp_path):
