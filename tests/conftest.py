@@ -2,6 +2,10 @@
 its own temporary folder (`tmp_path_factory`: distinct per worker, never a fixed path)."""
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 
 # The test files that cost the most, in CPU seconds (tests, fixtures and the processes they start) on a fresh clone,
@@ -23,6 +27,32 @@ def pytest_collection_modifyitems(items):
     first: dict[str, int] = {}
     for i, it in enumerate(items): first.setdefault(str(it.path), i)
     items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), first[str(it.path)]))
+
+
+def shared_cohort(tmp_path_factory, n: int, seed: int, tumour_rate: float = 0.5) -> Path:
+    """The folder of `make_cohort(folder, n, seed=seed, tumour_rate=tumour_rate)`, built once per test session for all
+    the tests that ask for this very cohort, whichever pytest-xdist worker runs them (the first builds it, under a file
+    lock, in the session's own temporary folder; a fresh session builds it again). The cohort is the same bytes whoever
+    builds it and with any number of processes (tests/test_phantom.py checks that); the tests only read it."""
+    from filelock import FileLock
+    from spatialvqa.phantom import make_cohort
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_cohorts"   # xdist: <session>/popen-gwN
+    root.mkdir(exist_ok=True)
+    d = root / f"n{n}_seed{seed}_tumours{tumour_rate:g}"
+    with FileLock(str(d) + ".lock"):
+        if not (d / "cohort.json").exists():
+            part = root / f"{d.name}.partial"
+            shutil.rmtree(part, ignore_errors=True)
+            make_cohort(part, n, seed=seed, tumour_rate=tumour_rate, workers=2)
+            part.rename(d)                     # complete or absent: cohort.json's paths are relative to the folder
+    return d
+
+
+@pytest.fixture(scope="session")
+def cohorts(tmp_path_factory):
+    "`cohorts(n, seed, tumour_rate=0.5)`: the folder of that phantom cohort, built once per session (`shared_cohort`)."
+    return lambda n, seed, tumour_rate=0.5: shared_cohort(tmp_path_factory, n, seed, tumour_rate)
 
 
 @pytest.fixture(scope="session")
