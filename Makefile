@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # WordNet 3.0 for METEOR lives here (scripts/setup_wordnet.sh copies it from Debian's packages)
 export NLTK_DATA := $(abspath $(VENV))/nltk_data
 
-.PHONY: setup repro repro-check test check nbtest pytest pytest-slow bench bench-pipeline stage-times readme interop docs
+.PHONY: setup repro repro-check test check bytecode nbtest pytest pytest-slow bench bench-pipeline stage-times readme interop docs
 
 setup: $(VENV)/.setup-done
 
@@ -47,16 +47,23 @@ check:
 	nbdev-clean
 	@git diff --quiet -- nbs spatialvqa || { echo "nbdev-export/nbdev-clean changed files: notebooks and spatialvqa/ are out of sync"; git --no-pager diff --stat -- nbs spatialvqa; exit 1; }
 
-nbtest:
+# The package byte-compiled once: with PYTHONDONTWRITEBYTECODE=1 (as on these machines) every process that imports
+# spatialvqa would compile it again, and the tests start hundreds (each `spatialvqa` command they run, each notebook
+# worker): about 0.1-0.2 s of CPU each. A .pyc whose .py changed afterwards is ignored, never used stale.
+bytecode:
+	python -m compileall -q spatialvqa
+
+nbtest: bytecode
 	nbdev-test --n-workers 2
 
 # `slow` tests (full-size models and data) run with `make pytest-slow`. Two worker processes (pytest-xdist): every
 # test makes its own temporary files (tmp_path, tmp_path_factory), none depends on another's order; a file's tests stay in
-# one worker (--dist loadfile), so each module-scoped fixture is built once; PYTEST_WORKERS=0
-# runs them in this process.
+# one worker (--dist loadfile), so each module-scoped fixture is built once; files are handed out longest first
+# (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder keeps that order instead of xdist's by number of tests);
+# PYTEST_WORKERS=0 runs them in this process.
 PYTEST_WORKERS ?= 2
-pytest:
-	pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+pytest: bytecode
+	pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 pytest-slow:
 	pytest -q -m slow

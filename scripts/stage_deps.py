@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import re
 import sys
@@ -41,6 +42,12 @@ def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
     return found & modules
 
 
+@functools.lru_cache(maxsize=None)
+def _source_imports(src: str, modules: frozenset[str]) -> frozenset[str]:
+    "`_imports` of a module's source text, parsed once per process (the tests ask for the graph of the same sources again)."
+    return frozenset(_imports(ast.parse(src), set(modules)))
+
+
 def entry_point_modules(root: Path = ROOT) -> dict[str, set[str]]:
     "Entry-point group -> the spatialvqa modules it loads (pyproject.toml)."
     eps = tomllib.loads((root / "pyproject.toml").read_text())["project"].get("entry-points", {})
@@ -55,7 +62,7 @@ def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
     out = {}
     for m, p in files.items():
         src = p.read_text()
-        deps = _imports(ast.parse(src), set(files))
+        deps = set(_source_imports(src, frozenset(files)))
         for g, mods in groups.items():
             if f'"{g}"' in src or f"'{g}'" in src: deps |= mods
         out[m] = deps - {m}

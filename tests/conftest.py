@@ -2,7 +2,57 @@
 its own temporary folder (`tmp_path_factory`: distinct per worker, never a fixed path)."""
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
+
+# The test files that cost the most, in CPU seconds (tests, fixtures and the processes they start) on a fresh clone,
+# 2-core machine, 2026-11-26: longest first. `make pytest` runs `-n 2 --dist loadfile --no-loadscope-reorder`, so
+# pytest-xdist hands whole files to the two workers in collection order, the next file to whichever worker is nearly
+# done; with the longest first, the end of the run is short files filling in, not one worker busy with a long file while
+# the other idles (xdist's own order, by number of tests, put test_docs.py and test_repro.py near the end). Files not
+# listed follow in their usual order. Only the order changes: every test runs, in its file's order, with its fixtures.
+LONGEST_FIRST = {"test_hardening.py": 95, "test_phantom.py": 45, "test_docs.py": 42, "test_bench_pipeline.py": 37,
+                 "test_validity.py": 35, "test_cli_faults.py": 34, "test_rtstruct.py": 23, "test_counterfactual.py": 21,
+                 "test_views.py": 18, "test_ctsvqa.py": 18, "test_interreader.py": 16, "test_ctsvqa_judge.py": 16,
+                 "test_repro.py": 16, "test_results.py": 15, "test_questions.py": 13, "test_validate.py": 12,
+                 "test_cli.py": 11, "test_convert.py": 10, "test_stage_deps.py": 9, "test_sources.py": 6, "test_export.py": 6}
+
+
+def pytest_collection_modifyitems(items):
+    "Whole files, longest first (`LONGEST_FIRST`), each file's tests in their own order."
+    rank = {f: i for i, f in enumerate(sorted(LONGEST_FIRST, key=LONGEST_FIRST.get, reverse=True))}
+    first: dict[str, int] = {}
+    for i, it in enumerate(items): first.setdefault(str(it.path), i)
+    items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), first[str(it.path)]))
+
+
+def shared_cohort(tmp_path_factory, n: int, seed: int, tumour_rate: float = 0.5) -> Path:
+    """The folder of `make_cohort(folder, n, seed=seed, tumour_rate=tumour_rate)`, built once per test session for all
+    the tests that ask for this very cohort, whichever pytest-xdist worker runs them (the first builds it, under a file
+    lock, in the session's own temporary folder; a fresh session builds it again). The cohort is the same bytes whoever
+    builds it and with any number of processes (tests/test_phantom.py checks that); the tests only read it."""
+    from filelock import FileLock
+    from spatialvqa.phantom import make_cohort
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_cohorts"   # xdist: <session>/popen-gwN
+    root.mkdir(exist_ok=True)
+    d = root / f"n{n}_seed{seed}_tumours{tumour_rate:g}"
+    with FileLock(str(d) + ".lock"):
+        if not (d / "cohort.json").exists():
+            part = root / f"{d.name}.partial"
+            shutil.rmtree(part, ignore_errors=True)
+            make_cohort(part, n, seed=seed, tumour_rate=tumour_rate, workers=2)
+            part.rename(d)                     # complete or absent: cohort.json's paths are relative to the folder
+    return d
+
+
+@pytest.fixture(scope="session")
+def cohorts(tmp_path_factory):
+    "`cohorts(n, seed, tumour_rate=0.5)`: the folder of that phantom cohort, built once per session (`shared_cohort`)."
+    return lambda n, seed, tumour_rate=0.5: shared_cohort(tmp_path_factory, n, seed, tumour_rate)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ from spatialvqa import questions as Q
 from spatialvqa.figures import plot_composition
 from spatialvqa.core import load_params, read_json, read_jsonl
 from spatialvqa.measure import measure_manifests
-from spatialvqa.phantom import make_cohort
 from spatialvqa.scan import read_scan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +24,10 @@ N_SUBJECTS = 8
 
 
 @pytest.fixture(scope="module")
-def cohort(tmp_path_factory):
+def cohort(cohorts):
     p = load_params("phantom", ROOT / "params.yaml")
-    d = tmp_path_factory.mktemp("phantom")
-    make_cohort(d, min(N_SUBJECTS, int(p["n_subjects"])), seed=int(p["seed"]), tumour_rate=float(p["tumour_rate"]), workers=2)
+    # the cohort test_validity.py builds on too: made once per session (tests/conftest.py, shared_cohort)
+    d = cohorts(min(N_SUBJECTS, int(p["n_subjects"])), seed=int(p["seed"]), tumour_rate=float(p["tumour_rate"]))
     table, scans, rejected = measure_manifests([d / "cohort.json"], workers=2)
     assert rejected == []
     recs = Q.generate_questions(table, seed=0, scans=scans)

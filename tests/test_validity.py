@@ -32,7 +32,6 @@ from spatialvqa.anatomy import typical_volume
 from spatialvqa.convert import convert_datasets
 from spatialvqa.core import load_params, shared_data
 from spatialvqa.measure import Structure, measure_manifests
-from spatialvqa.phantom import make_cohort
 from spatialvqa.recheck import recheck
 from spatialvqa.stats import wilson
 
@@ -41,14 +40,14 @@ CHANCE = 0.25
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory):
+def bench(tmp_path_factory, cohorts):
     tmp = tmp_path_factory.mktemp("validity")
-    make_cohort(tmp / "phantom", 8, seed=0, workers=0)
+    phantom = cohorts(8, seed=0)          # make_cohort(<folder>, 8, seed=0), built once per session (tests/conftest.py)
     ts = shared_data("real-ct", "totalsegmentator")
     datasets = [{"name": "totalseg_s0001", "kind": "totalsegmentator", "path": str(ts / "s0001")},
                 {"name": "totalseg_dicom", "kind": "totalsegmentator", "path": str(ts / "dicom_example")},
                 {"name": "pyradiomics", "kind": "pyradiomics", "path": str(shared_data("real-ct", "pyradiomics"))},
-                {"name": "phantom", "kind": "phantom", "path": str(tmp / "phantom")}]
+                {"name": "phantom", "kind": "phantom", "path": str(phantom)}]
     convert_datasets(datasets, tmp / "scans", workers=0)
     # the counterfactual stage: copies of the real scans and of two phantoms, measured with the originals
     cf = load_params("counterfactual", ROOT / "params.yaml")
