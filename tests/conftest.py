@@ -1,7 +1,10 @@
 """Fixtures shared by several test files, built once per test session (once per worker under pytest-xdist), each in
-its own temporary folder (`tmp_path_factory`: distinct per worker, never a fixed path)."""
+its own temporary folder (`tmp_path_factory`: distinct per worker, never a fixed path); phantom cohorts that several
+files read (`cohorts`) once per session for all workers, in the session's temporary folder. And the order in which
+pytest-xdist hands the files out (`LONGEST_FIRST`)."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -34,13 +37,13 @@ def shared_cohort(tmp_path_factory, n: int, seed: int, tumour_rate: float = 0.5)
     the tests that ask for this very cohort, whichever pytest-xdist worker runs them (the first builds it, under a file
     lock, in the session's own temporary folder; a fresh session builds it again). The cohort is the same bytes whoever
     builds it and with any number of processes (tests/test_phantom.py checks that); the tests only read it."""
-    from filelock import FileLock
     from spatialvqa.phantom import make_cohort
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_cohorts"   # xdist: <session>/popen-gwN
     root.mkdir(exist_ok=True)
     d = root / f"n{n}_seed{seed}_tumours{tumour_rate:g}"
-    with FileLock(str(d) + ".lock"):
+    with open(f"{d}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)     # released when the file closes
         if not (d / "cohort.json").exists():
             part = root / f"{d.name}.partial"
             shutil.rmtree(part, ignore_errors=True)
