@@ -16,7 +16,7 @@ for most patients: an answerer that knows only the average anatomy wins, and the
 
 Usage: python benchmarks/prior_vs_margin.py [--structures results/measure/structures.parquet]
        [--scans results/measure/scans.parquet] [--params params.yaml]
-Needs the measure stage's outputs (dvc repro measure). Runs in about a minute on 2 cores.
+Needs the measure stage's outputs (dvc repro measure). Runs in 4 s on 2 cores (measured 2026-11-26).
 """
 from __future__ import annotations
 
