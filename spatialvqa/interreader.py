@@ -21,7 +21,7 @@ from .anatomy import NAME_TO_ID, counterpart, readable, side
 from .core import parallel_map, series_colours
 from .inflate import gunzip_bytes
 from .measure import measure_labels, structures_table
-from .questions import (LETTERS, MARGIN_QUANTITIES, MIN_VOLEST_RATIO, PAIR_QUANTITIES, STRUCTURE_CLASSES, TASK_QUANTITIES, TASKS, Margins,
+from .questions import (LETTERS, MARGIN_QUANTITIES, AskPolicy, MIN_VOLEST_RATIO, PAIR_QUANTITIES, STRUCTURE_CLASSES, TASK_QUANTITIES, TASKS, Margins,
                         box_distance, evaluate, generate_questions, pair_stem, structure_class, structure_from_row)
 from .scan import ScanError, Volume, _check_geometry, _nrrd_ras_sign, read_volume
 from .stats import mra
@@ -345,13 +345,16 @@ def _judge(rec: dict, ev: dict) -> tuple[str | None, str | None, str, float]:
 
 def flip_study(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins | Mapping | None = None,
                per_scan: Mapping[str, int] | None = None, seed: int = 0, min_voxels: int = 50,
-               readers: Sequence[str] = READERS) -> pd.DataFrame:
+               readers: Sequence[str] = READERS, policy: AskPolicy | None = AskPolicy(clinical=False)) -> pd.DataFrame:
     """Questions generated from each reader's measurements with `margins` and answered from the other's: one row per
-    question with its key, the other reader's answer, whether (and how) it flipped, and the MRA of a numeric one."""
+    question with its key, the other reader's answer, whether (and how) it flipped, and the MRA of a numeric one.
+    `policy`: what the questions may ask about; by default every pairing (`AskPolicy(clinical=False)`), so that the
+    margins are tried on every quantity a question can use, not only on those the clinical pairings ask about."""
     rows = []
     for gen, other in ((readers[0], readers[1]), (readers[1], readers[0])):
         st_g, sc_g = reader_tables(structures, scans, gen)
-        recs = generate_questions(st_g, seed=seed, per_scan=per_scan, scans=sc_g, min_voxels=min_voxels, margins=margins)
+        recs = generate_questions(st_g, seed=seed, per_scan=per_scan, scans=sc_g, min_voxels=min_voxels, margins=margins,
+                                  policy=policy)
         answers = _by_scan(reader_tables(structures, scans, other)[0])
         for r in recs:
             key, got, how, m = _judge(r, evaluate(r, [answers[s] for s in r["scan_ids"]]))
@@ -388,13 +391,15 @@ def holds(record: dict, structures: Sequence[Mapping], margins: Margins) -> bool
     return True
 
 def survival(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins, per_scan: Mapping[str, int] | None = None,
-             seed: int = 0, min_voxels: int = 50, readers: Sequence[str] = READERS) -> pd.DataFrame:
-    "Questions generated without margins from each reader's measurements: one row each, and whether it `holds` with `margins`."
+             seed: int = 0, min_voxels: int = 50, readers: Sequence[str] = READERS,
+             policy: AskPolicy | None = AskPolicy(clinical=False)) -> pd.DataFrame:
+    """Questions generated without margins from each reader's measurements: one row each, and whether it `holds` with
+    `margins`. `policy`: as in `flip_study` (every pairing)."""
     rows = []
     for gen in readers:
         st_g, sc_g = reader_tables(structures, scans, gen)
         own = _by_scan(st_g)
-        for r in generate_questions(st_g, seed=seed, per_scan=per_scan, scans=sc_g, min_voxels=min_voxels):
+        for r in generate_questions(st_g, seed=seed, per_scan=per_scan, scans=sc_g, min_voxels=min_voxels, policy=policy):
             rows.append({"generated_from": gen, "qid": r["qid"], "task": r["task"], "subtask": r["subtask"],
                          "holds": holds(r, [own[s] for s in r["scan_ids"]], margins)})
     return pd.DataFrame(rows)

@@ -27,21 +27,21 @@ __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'R
            'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'TASK_QUANTITIES',
            'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE',
            'SUBTASKS', 'POINTS', 'PAIR_EDGES', 'EVALUATORS', 'LADDER_JITTER', 'ELONGATED', 'COVERAGE_DEPENDENT',
-           'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'EXACT_SOURCES', 'NO_TUMOUR', 'Geometry',
-           'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'structure_class',
-           'Margins', 'pair_stem', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group',
-           'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance', 'evaluate',
-           'structure_weight', 'ScanContext', 'scan_context', 'ladder_ratios', 'positional', 'plausible_volume',
-           'plausible_length', 'related', 'AskPolicy', 'patient_of', 'measurement', 'measured_structure',
-           'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions', 'structures_of',
-           'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations', 'with_rotations',
-           'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
+           'UNSEEN', 'CLINICAL', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'EXACT_SOURCES', 'NO_TUMOUR',
+           'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin',
+           'structure_class', 'Margins', 'pair_stem', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour',
+           'organ_group', 'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance',
+           'evaluate', 'structure_weight', 'ScanContext', 'scan_context', 'ladder_ratios', 'positional',
+           'plausible_volume', 'plausible_length', 'related', 'named', 'AskPolicy', 'patient_of', 'measurement',
+           'measured_structure', 'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions',
+           'structures_of', 'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations',
+           'with_rotations', 'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
 MC_TASKS = TASKS[:5]
 LETTERS = "ABCD"
-GENERATOR_VERSION = 3   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors; 3: evenly spaced ladders
+GENERATOR_VERSION = 4   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors; 3: evenly spaced ladders; 4: clinical pairings (`CLINICAL`)
 DIRECTIONS = {"right": (0, 1), "left": (0, -1), "anterior": (1, 1), "posterior": (1, -1),
               "superior": (2, 1), "inferior": (2, -1)}
 REL_TOL = 0.10        # every measurement is uncertain by at least 10 % of its value
@@ -1150,6 +1150,24 @@ COVERAGE_DEPENDENT = ELONGATED | {"spinal_canal"}   # their contoured length, so
 _NOT_ASKED = {"vessel": "a vessel", "muscle": "a muscle", "cartilage": "cartilage", "space": "a space, not an organ",
               "target": "a radiotherapy target"}
 _POINTS_TASKS = ("DIR", "DIST")
+# structures whose edges a CT does not show, so that no reader could measure them from the image (`AskPolicy.clinical`)
+UNSEEN = {"brainstem": "its borders with the midbrain, the cerebellar peduncles and the cord do not show on CT",
+          "larynx": "contoured as the air column by some and as the cartilage framework by others"}
+# which structures a subtask may pair (`AskPolicy.clinical`): None, never (trivia); "lesion": one is a lesion;
+# "ref_lesion": the reference is a lesion; "related": every two are `related`; "kidney": only the kidneys; "any"
+CLINICAL = {"DIR.relative": "lesion", "DIR.relative_to": "ref_lesion", "DIR.extreme": None, "DIR.level": "kidney",
+            "DIST.value": "lesion", "DIST.range": "lesion", "DIST.closest": "ref_lesion", "DIST.farthest": "ref_lesion",
+            "DIST.within": "ref_lesion", "EXT.value": "any", "EXT.bbox": "any", "EXT.max_extent": None,
+            "VOL.value": "any", "VOL.range": "any", "VOL.threshold": None, "VOL.sum": "related", "VOL.difference": None,
+            "COMP.than": None, "COMP.extreme": None, "COMP.rank": "related", "COMP.asymmetry": "any",
+            "VOLEST.absolute": "any", "VOLEST.ratio": "related", "VOLEST.cross_case": "any"}
+
+def named(item: Mapping) -> list[str]:
+    "Every structure an item names: its own, its options' (when they are structures) and its spec's a, b and reference."
+    names = [*item["structures"], *(o["key"] for o in item.get("options") or [])] if item.get("option_structures") else list(item["structures"])
+    return list(dict.fromkeys([*names, *(item["spec"][r] for r in ("a", "b", "ref") if r in item["spec"])]))
+
+def _lesion(n: str) -> bool: return n in ANATOMY and ANATOMY[n].category == "lesion"
 
 @dataclass(frozen=True)
 class AskPolicy:
@@ -1159,6 +1177,7 @@ class AskPolicy:
     cut: bool = False                   # ask about structures the scan's faces cut (only within the scanned region)
     same_region: bool = True            # a question's structures come from one body region (`anatomy.region`)
     max_distance_mm: float | None = 200.0   # DIST: structures farther apart (bounding-box centres) are not paired
+    clinical: bool = True               # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
         "Why structure `n` of scan `c` may not be named by any question (None: it may)."
@@ -1168,6 +1187,8 @@ class AskPolicy:
         if info.category in _NOT_ASKED: return _NOT_ASKED[info.category]
         if n in COVERAGE_DEPENDENT: return "a long tube: its contoured length depends on the scan"
         if n.startswith(("rib_", "vertebrae_")) or n == "sacrum": return "a numbered rib or vertebra"
+        if self.clinical and info.category == "bone": return "a bone: its volume is no clinical measure, its cortex thinner than the grid"
+        if self.clinical and n in UNSEEN: return UNSEEN[n]
         s, floor = c.s(n), self.lesion_min_ml if info.category == "lesion" else self.min_ml
         if s.volume_ml < floor: return f"{s.volume_ml:.2g} mL < {floor:g} mL"
         if not self.cut and n in c.cut: return "cut by the scan's faces"
@@ -1179,6 +1200,20 @@ class AskPolicy:
         if task in _POINTS_TASKS: return positional(n) and ANATOMY[n].category != "bone"
         ref = REFERENCE.get(n)
         return ref is not None and ref.typical_ml is not None
+
+    def subtasks(self, task: str) -> list[str]:
+        "The subtasks of `task` this policy asks (`CLINICAL`: the pairings no radiologist asks are never drawn)."
+        return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.clinical or CLINICAL[s] is not None)]
+
+    def pairs_well(self, item: Mapping, c: ScanContext) -> bool:
+        "Whether an item pairs its structures as `CLINICAL` allows its subtask (always, without `clinical`)."
+        if not self.clinical: return True
+        rule, names = CLINICAL[item["subtask"]], named(item)
+        if rule == "lesion": return any(_lesion(n) for n in names)
+        if rule == "ref_lesion": return _lesion(item["spec"].get("ref", ""))
+        if rule == "related": return all(related(c, a, b) for a, b in itertools.combinations(names, 2))
+        if rule == "kidney": return set(names) == {"kidney_left", "kidney_right"}
+        return rule == "any"
 
     def apply(self, c: ScanContext) -> ScanContext:
         "A copy of `c` whose pool holds only what may be asked about; the others `excluded` with the reason."
@@ -1436,7 +1471,7 @@ def _g_volest_absolute(c, rng, focus, others=()):
     return _item(c, "VOLEST.absolute", [a], {"a": c.name(a)}, {"a": a}, "mL")
 
 def _g_volest_ratio(c, rng, focus, others=()):
-    ab = _pair(c, rng, focus)
+    ab = _related_pair(c, rng, focus)     # a ratio a radiologist would ask: left to right, a lesion to its organ
     if not ab: return None
     a, b = ab
     r = c.s(a).volume_ml / c.s(b).volume_ml
@@ -1549,8 +1584,7 @@ def _finish(item: dict, contexts: Mapping[str, ScanContext], rng) -> dict | None
     k = int(rng.integers(len(TEMPLATES[sub])))
     item["template_id"] = f"{sub}.{k}"
     c = contexts[item["scan_ids"][0]]
-    names = [*item["structures"], *(o["key"] for o in item["options"])] if item.get("option_structures") else item["structures"]
-    names = [*names, *(item["spec"][r] for r in ("a", "b", "ref") if r in item["spec"])]
+    names = named(item)
     if (mg := c.margins.for_spec(names, sub.split(".")[0])) is not None: item["spec"] = {**item["spec"], "margins": mg}
     q = TEMPLATES[sub][k].format(**item["fields"])
     axes = item["spec"].get("axes")
@@ -1603,7 +1637,8 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
     for task in TASKS:
         n = int(per_scan.get(task, 0))
         if n <= 0: continue
-        subs = [s for s in SUBTASKS if s.split(".")[0] == task]
+        subs = policy.subtasks(task) if policy is not None else [s for s in SUBTASKS if s.split(".")[0] == task]
+        if not subs: continue
         order = [subs[i] for i in rng.permutation(len(subs))]
         for slot in range(n):
             want_tumour = bool(tumours) and rng.random() < tumour_share
@@ -1612,7 +1647,7 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
                 sub = order[(slot + attempt // 4) % len(order)]
                 focus = tumours[int(rng.integers(len(tumours)))] if want_tumour and attempt < max_tries // 2 else None
                 it = GENERATORS[sub](_task_context(c, task, policy, rng, focus), rng, focus, others)
-                if it is None or (policy is not None and not policy.reach(it, c)): continue
+                if it is None or (policy is not None and not (policy.reach(it, c) and policy.pairs_well(it, c))): continue
                 key = _dedup_key(it)
                 if key in seen: continue
                 it = _finish(it, contexts, rng)
