@@ -428,7 +428,7 @@ if OUT:
     json.dump(pair_res, open(f"{OUT}/flipped_pairs.json", "w"), indent=1)
 pd.set_option("display.width", 200); pd.set_option("display.max_rows", 500)
 piv = df.assign(cell=df.apply(lambda x: f"{x.acc*100:.1f} [{x.lo*100:.0f},{x.hi*100:.0f}]{'*' if x.flag=='ABOVE' else ('v' if x.flag=='BELOW' else '')}", axis=1)
-                ).pivot(index="answerer", columns="task", values="cell")[TASKS]
+                ).pivot(index="answerer", columns="task", values="cell")[[t for t in TASKS if t in set(df.task)]]   # a task with no question: no column
 ns = df[df.answerer == "prior_task"].set_index("task")["n"]
 print("n per task:", dict(ns))
 print(piv.to_string())
@@ -436,7 +436,7 @@ print("\n* = 95% CI above 25%, v = below 25%")
 print("\nper-subtask flags:")
 print(sdf[sdf.flag != ""].to_string(index=False))
 print("\natlas coverage (decoded, not fallback):", round(cov_q.mean(), 3),
-      {t: round(cov_q[taskarr == t].mean(), 2) for t in TASKS[:-1]})
+      {t: round(cov_q[taskarr == t].mean(), 2) for t in TASKS[:-1] if (taskarr == t).any()})
 print("\nflipped pairs:", json.dumps(pair_res, indent=1))
 if OUT:
   with open(f"{OUT}/summary.txt", "w") as f:

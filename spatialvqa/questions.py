@@ -27,21 +27,23 @@ __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'R
            'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'TASK_QUANTITIES',
            'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'TEMPLATES', 'CONVENTIONS', 'SCOPE', 'PLANE',
            'SUBTASKS', 'POINTS', 'PAIR_EDGES', 'EVALUATORS', 'LADDER_JITTER', 'ELONGATED', 'COVERAGE_DEPENDENT',
-           'UNSEEN', 'CLINICAL', 'GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS', 'EXACT_SOURCES', 'NO_TUMOUR',
-           'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin',
-           'structure_class', 'Margins', 'pair_stem', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour',
-           'organ_group', 'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'phys_extent', 'box_distance',
-           'evaluate', 'structure_weight', 'ScanContext', 'scan_context', 'ladder_ratios', 'positional',
-           'plausible_volume', 'plausible_length', 'related', 'named', 'AskPolicy', 'patient_of', 'measurement',
-           'measured_structure', 'contexts_from_tables', 'parse_budget', 'parse_per_source', 'generate_questions',
-           'structures_of', 'crop_to_region', 'rederive', 'check_record', 'base_qid', 'rotate_options', 'rotations',
-           'with_rotations', 'to_frame', 'letter_balance', 'composition_long', 'composition', 'markdown_table']
+           'UNSEEN', 'CLINICAL', 'GENERATORS', 'CLINICAL_GENERATORS', 'DEFAULT_PER_SCAN', 'RECORD_FIELDS',
+           'EXACT_SOURCES', 'NO_TUMOUR', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume',
+           'direction_margin', 'structure_class', 'Margins', 'pair_stem', 'vol_larger', 'fmt_number', 'shown',
+           'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase', 'structure_from_row', 'plane_phrase',
+           'phys_extent', 'box_distance', 'evaluate', 'structure_weight', 'ScanContext', 'scan_context',
+           'ladder_ratios', 'positional', 'plausible_volume', 'plausible_length', 'related', 'named', 'AskPolicy',
+           'patient_of', 'measurement', 'measured_structure', 'contexts_from_tables', 'parse_budget',
+           'parse_per_source', 'generate_questions', 'structures_of', 'crop_to_region', 'rederive', 'check_record',
+           'base_qid', 'rotate_options', 'rotations', 'with_rotations', 'to_frame', 'letter_balance',
+           'composition_long', 'composition', 'markdown_table']
 
 # %% ../nbs/20_questions.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
 MC_TASKS = TASKS[:5]
 LETTERS = "ABCD"
-GENERATOR_VERSION = 4   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors; 3: evenly spaced ladders; 4: clinical pairings (`CLINICAL`)
+GENERATOR_VERSION = 3   # 2: physical extents, cut structures scoped to the scanned region, plausible distractors; 3: evenly spaced ladders
+# (`AskPolicy.clinical`, off by default, is a parameter: with it off, version 3 asks the same questions as before)
 DIRECTIONS = {"right": (0, 1), "left": (0, -1), "anterior": (1, 1), "posterior": (1, -1),
               "superior": (2, 1), "inferior": (2, -1)}
 REL_TOL = 0.10        # every measurement is uncertain by at least 10 % of its value
@@ -1177,7 +1179,7 @@ class AskPolicy:
     cut: bool = False                   # ask about structures the scan's faces cut (only within the scanned region)
     same_region: bool = True            # a question's structures come from one body region (`anatomy.region`)
     max_distance_mm: float | None = 200.0   # DIST: structures farther apart (bounding-box centres) are not paired
-    clinical: bool = True               # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
+    clinical: bool = False              # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
         "Why structure `n` of scan `c` may not be named by any question (None: it may)."
@@ -1470,14 +1472,18 @@ def _g_volest_absolute(c, rng, focus, others=()):
     if not a: return None
     return _item(c, "VOLEST.absolute", [a], {"a": c.name(a)}, {"a": a}, "mL")
 
-def _g_volest_ratio(c, rng, focus, others=()):
-    ab = _related_pair(c, rng, focus)     # a ratio a radiologist would ask: left to right, a lesion to its organ
+def _g_volest_ratio(c, rng, focus, others=(), pairs=_pair):
+    ab = pairs(c, rng, focus)
     if not ab: return None
     a, b = ab
     r = c.s(a).volume_ml / c.s(b).volume_ml
     lo = MIN_VOLEST_RATIO * math.exp(c.margins.of("volume", a) + c.margins.of("volume", b))   # for any volumes within the margins
     if not (lo <= r <= 50 or 1 / 50 <= r <= 1 / lo): return None
     return _item(c, "VOLEST.ratio", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b}, "ratio")
+
+def _g_volest_ratio_related(c, rng, focus, others=()):
+    "A ratio a radiologist would ask (`AskPolicy.clinical`): left to right, a lesion to its organ, lobes of one lung."
+    return _g_volest_ratio(c, rng, focus, others, pairs=_related_pair)
 
 def patient_of(scan_id: str) -> str:
     """The patient a scan id belongs to: everything before the first `~` (`<id>~mirror` is a copy of `<id>`,
@@ -1555,6 +1561,7 @@ GENERATORS: dict[str, Callable] = {
     "COMP.rank": _g_comp_rank, "VOLEST.absolute": _g_volest_absolute, "VOLEST.ratio": _g_volest_ratio,
     "VOLEST.cross_case": _g_volest_cross, "DIR.level": _g_dir_level, "COMP.asymmetry": _g_comp_asymmetry,
 }
+CLINICAL_GENERATORS: dict[str, Callable] = {"VOLEST.ratio": _g_volest_ratio_related}   # replace these under `AskPolicy.clinical`
 
 # %% ../nbs/20_questions.ipynb #dbeeaf98
 DEFAULT_PER_SCAN = {"DIR": 6, "DIST": 6, "EXT": 4, "VOL": 5, "COMP": 5, "VOLEST": 3}
@@ -1646,7 +1653,8 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
             for attempt in range(max_tries * (2 if want_accept else 1)):
                 sub = order[(slot + attempt // 4) % len(order)]
                 focus = tumours[int(rng.integers(len(tumours)))] if want_tumour and attempt < max_tries // 2 else None
-                it = GENERATORS[sub](_task_context(c, task, policy, rng, focus), rng, focus, others)
+                gen = CLINICAL_GENERATORS.get(sub, GENERATORS[sub]) if policy is not None and policy.clinical else GENERATORS[sub]
+                it = gen(_task_context(c, task, policy, rng, focus), rng, focus, others)
                 if it is None or (policy is not None and not (policy.reach(it, c) and policy.pairs_well(it, c))): continue
                 key = _dedup_key(it)
                 if key in seen: continue

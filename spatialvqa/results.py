@@ -472,7 +472,8 @@ def table2(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chan
         rows.append(row)
     if chance is not None:
         rows.append({"Model": "Chance (expected)", "Size": "-", "Backbones": "-", "Scope": "-",
-                     **{c: f"{100 * chance[c]:.{digits}f}" for c in ("MCA AVG", *TABLE2_TASKS, *PAIR_COLUMNS) if c in chance},
+                     **{c: f"{100 * chance[c]:.{digits}f}" for c in ("MCA AVG", *TABLE2_TASKS, *PAIR_COLUMNS)
+                        if c in chance and pd.notna(chance[c])},   # a task with no question: "-"
                      "Volume MRA": "-"})
     return pd.DataFrame(rows).reindex(columns=TABLE2_COLUMNS).fillna("-")
 
@@ -745,12 +746,13 @@ def circular_chance(circ: pd.DataFrame) -> dict[str, float]:
 
 def circular_table(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chance: Mapping[str, float] | None = None,
                    digits: int = 1) -> pd.DataFrame:
-    "The circular table as text cells: model, column, n, plain and circular accuracy (percent, 95% CI) and the drop (points); a `Chance` row last."
+    """The circular table as text cells: model, column, n, plain and circular accuracy (percent, 95% CI) and the drop
+    (points), a column without questions left out; a `Chance` row last."""
     info = {**DEFAULT_MODEL_INFO, **(info or {})}
     rows = [{"Model": (info.get(r.model) or {}).get("label", r.model), "Task": r.column, "n": int(r.n),
              "Plain": _fmt_ci(r.plain, r.plain_ci_low, r.plain_ci_high, digits),
              "Circular": _fmt_ci(r.circular, r.circular_ci_low, r.circular_ci_high, digits),
-             "Drop (points)": f"{100 * r.drop:.{digits}f}"} for r in values.itertuples()]
+             "Drop (points)": f"{100 * r.drop:.{digits}f}"} for r in values.itertuples() if r.n > 0]   # no row: no question
     if chance is not None:
         rows.append({"Model": "Chance (expected)", "Task": "any", "n": "-", "Plain": f"{100 * chance['plain']:.{digits}f}",
                      "Circular": f"{100 * chance['circular']:.{digits}f}",

@@ -17,7 +17,7 @@ from spatialvqa.anatomy import NAME_TO_ID, counterpart
 from spatialvqa.core import read_json, write_json
 from spatialvqa.measure import measure_labels, measure_manifests, scan_info, structures_table
 from spatialvqa.phantom import make_cohort, make_subject
-from spatialvqa.questions import LETTERS, AskPolicy, Geometry, evaluate, generate_questions, tol_volume
+from spatialvqa.questions import LETTERS, Geometry, evaluate, generate_questions, tol_volume
 from spatialvqa.scan import Scan, Volume, read_labels, read_scan, read_volume, reorient, write_volume
 
 TS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real-ct" / "totalsegmentator"
@@ -238,8 +238,7 @@ def written(tmp_path_factory, phantom_scan, ts_scan):
     per = {"DIR": 40, "DIST": 40, "EXT": 20, "VOL": 30, "COMP": 30, "VOLEST": 15}
     # half of each original's questions involve its copy's resized structure (`focus`), so that resize pairs can flip
     focus = {e["original"]: [e["target"]] for e in entries if e.get("counterfactual") == "resize" and e.get("target")}
-    recs = generate_questions(tab, seed=0, scans=scans, per_scan=per, focus=focus,
-                              policy=AskPolicy(clinical=False))    # every pairing: twins of every subtask
+    recs = generate_questions(tab, seed=0, scans=scans, per_scan=per, focus=focus)
     pairs, dropped = CF.pair_questions(recs, ctab, cscans, originals=tab)
     return dict(dir=d, entries=entries, recs=recs, pairs=pairs, dropped=dropped, cscans=cscans)
 

@@ -505,12 +505,11 @@ def phantom_bench(tmp_path_factory):
     scans by paths relative to itself."""
     from spatialvqa.measure import measure_manifests
     from spatialvqa.phantom import make_cohort
-    from spatialvqa.questions import AskPolicy, generate_questions
+    from spatialvqa.questions import generate_questions
     d = tmp_path_factory.mktemp("pb") / "b"
     make_cohort(d / "scans", n_subjects=2, seed=3, workers=0)
     table, scans, _ = measure_manifests([d / "scans" / "cohort.json"], workers=0)
-    recs = generate_questions(table, seed=0, per_scan={"DIR": 2, "VOL": 2, "VOLEST": 1}, scans=scans, tasks=("DIR", "VOL", "VOLEST"),
-                              policy=AskPolicy(clinical=False))      # every pairing: questions about both scans
+    recs = generate_questions(table, seed=0, per_scan={"DIR": 2, "VOL": 2, "VOLEST": 1}, scans=scans, tasks=("DIR", "VOL", "VOLEST"))
     rel = lambda p: os.path.relpath(p, d)
     for r in recs:
         for k in ("images", "label_maps"):
@@ -761,8 +760,7 @@ def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
     t2 = (tmp_path / "work" / "tables" / "table2.md").read_text()
     oracle = next(l for l in t2.splitlines() if l.startswith("| Oracle"))
     cells = [c.strip() for c in oracle.strip("|").split("|")][4:]              # the scores: every one the oracle has is 100
-    # (four of them: six scans without lesions leave the clinical pairings no DIR or DIST question, questions.CLINICAL)
-    assert all(c in ("100.0 [100.0, 100.0]", "-") for c in cells) and cells.count("100.0 [100.0, 100.0]") >= 4, cells
+    assert all(c in ("100.0 [100.0, 100.0]", "-") for c in cells) and cells.count("100.0 [100.0, 100.0]") >= 5, cells
     assert "| Random" in t2
     assert "| TotalSegmentator | 6 scans;" in (tmp_path / "work" / "export" / "LICENSE.md").read_text()
     # the files name their scans relative to themselves: the work folder moved elsewhere still answers

@@ -60,8 +60,7 @@ def test_margins_questions_rederive_from_label_maps(tmp_path):
     # a phantom's keys are exact (questions.EXACT_SOURCES): the margins apply to every other source, so these scans stand
     # in for a dataset with a second reader's uncertainty
     scans = scans.assign(source="a_dataset")
-    recs = Q.generate_questions(table, seed=0, scans=scans, margins=load_params("generate", ROOT / "params.yaml")["margins"],
-                                policy=Q.AskPolicy(clinical=False))    # every pairing: every task's quantities
+    recs = Q.generate_questions(table, seed=0, scans=scans, margins=load_params("generate", ROOT / "params.yaml")["margins"])
     assert {r["task"] for r in recs} == set(Q.TASKS)
     for r in recs:   # its task's quantities, and for a question about two structures' relation their paired spreads
         q = set(Q.TASK_QUANTITIES[r["task"]])

@@ -24,7 +24,7 @@ from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
 from spatialvqa.prompt import build_prompt
-from spatialvqa.questions import DEFAULT_PER_SCAN, LETTERS, AskPolicy, generate_questions
+from spatialvqa.questions import DEFAULT_PER_SCAN, LETTERS, generate_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "data/benchmark/questions.jsonl"
@@ -40,8 +40,7 @@ def bench(tmp_path_factory):
     make_cohort(d, 6, seed=int(p["seed"]), tumour_rate=float(p["tumour_rate"]), workers=2)
     table, scans, rejected = measure_manifests([d / "cohort.json"], workers=2)
     assert rejected == []
-    recs = generate_questions(table, seed=0, scans=scans, per_scan={t: 3 * n for t, n in DEFAULT_PER_SCAN.items()},
-                              policy=AskPolicy(clinical=False))   # every pairing: the filter meets every subtask
+    recs = generate_questions(table, seed=0, scans=scans, per_scan={t: 3 * n for t, n in DEFAULT_PER_SCAN.items()})
     return dict(recs=recs, table=table, scans=scans, built=True)
 
 

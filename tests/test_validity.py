@@ -63,10 +63,7 @@ def bench(tmp_path_factory, cohorts):
     st, sc, cst, csc = CF.split_copies(structures, scans)
     orig = Q.generate_questions(st, seed=0, per_scan=Q.parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
                                 focus=CF.pair_focus(csc, st), focus_share=float(gen["focus_share"]),
-                                accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]),
-                                # every pairing: this miniature needs every task on its few scans to test the filter;
-                                # the committed Table 2 (test_results) holds the clinical benchmark to the same bar
-                                policy=Q.AskPolicy(clinical=False))
+                                accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]))
     twins, _ = CF.pair_questions(orig, cst, csc, originals=st)
     by = defaultdict(list)
     for t in twins: by[t["pair_of"]].append(t)
