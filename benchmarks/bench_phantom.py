@@ -120,7 +120,7 @@ def question_atlas(old, n: int, seed: int, tumour_rate: float, rates, max_lesion
         else: mod.make_cohort(d, n, seed=seed, tumour_rate=tumour_rate, workers=0, rates=rates, max_lesions=max_lesions)
         table, scans, rejected = measure_manifests([d / "cohort.json"], workers=0)
         recs = [r for r in generate_questions(table, seed=0, scans=scans) if r["format"] == "mc"]
-        preds = V.cross_fit(recs, V.make_answerers("atlas"), folds=n, seed=0)
+        preds = V.cross_fit_answerers(recs, V.make_answerers("atlas"), folds=n, seed=0)
         hits = {}
         for r in recs: hits.setdefault(r["task"], []).append(V.is_right(r, preds[r["qid"]]["atlas"]["pred"]))
         hits["all"] = [h for k in list(hits) for h in hits[k]]

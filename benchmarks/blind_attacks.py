@@ -29,7 +29,7 @@ from spatialvqa.core import read_records
 from spatialvqa.counterfactual import scan_family
 from spatialvqa.results import TABLE2_TASKS, task_matrix
 from spatialvqa.stats import bootstrap_means
-from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, cross_fit, expected_right, predictions
+from spatialvqa.validate import AtlasAnswerer, SubjectAtlasAnswerer, TextAnswerer, cross_fit_answerers, expected_right, predictions
 
 
 def line(name: str, records, right: dict) -> tuple[str, int, int]:
@@ -50,7 +50,7 @@ def cross_fitted(records, make, folds: int, seeds) -> dict:
     right = collections.defaultdict(float)
     for s in seeds:
         a = make(s)
-        got = cross_fit(records, [a], folds=folds, seed=s)
+        got = cross_fit_answerers(records, [a], folds=folds, seed=s)
         for r in records: right[r["qid"]] += expected_right(r, got[r["qid"]][a.name]) / len(seeds)
     return right
 

@@ -168,11 +168,11 @@ class _CrossFit(BaseAdapter):
         return make_answerers([self.answerer], seed=self.config["seed"])
 
     def prepare(self, records: Sequence[dict]) -> None:
-        from spatialvqa.validate import cross_fit
+        from spatialvqa.validate import cross_fit_answerers
         recs = [r for r in records if r.get("format") in ("mc", "numeric") and r.get("spec") is not None]
         a = self._make()
         base = [r for r in recs if not r.get("rotation")]
-        fit = cross_fit(base, a, folds=self.config["folds"], seed=self.config["seed"])
+        fit = cross_fit_answerers(base, a, folds=self.config["folds"], seed=self.config["seed"])
         self._preds = {q: e.get(a[0].name, {}).get("pred") for q, e in fit.items()}
         rot = [r for r in recs if r.get("rotation")]     # rotated copies (circular evaluation): answered, never learned from
         if rot and not getattr(a[0], "needs_fit", True):  # textbook, name cues, the leave-one-out atlas: no folds
@@ -180,7 +180,7 @@ class _CrossFit(BaseAdapter):
             self._preds.update(zip([r["qid"] for r in rot], fitted.predict(rot)))
         elif rot:
             from spatialvqa.stats import group_folds
-            from spatialvqa.counterfactual import scan_family      # the folds of `cross_fit`: a copy with its original
+            from spatialvqa.counterfactual import scan_family      # the folds of `cross_fit_answerers`: a copy with its original
             fold = group_folds([scan_family(r) for r in base], self.config["folds"], self.config["seed"])
             for k in range(self.config["folds"]):
                 test_ = [r for r in rot if fold.get(scan_family(r)) == k]
@@ -202,7 +202,7 @@ class _CrossFit(BaseAdapter):
                 self.prepare(records)
                 yield self
             return
-        fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.cross_fit` fits it
+        fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.cross_fit_answerers` fits it
         _remember_per_record(fitted, ("proba", "_evaluate"))
         for s in seeds:
             self.config["seed"] = fitted.seed = int(s)

@@ -32,8 +32,9 @@ __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_A
            'fit_text_classifier', 'grouped_cv_predict', 'read_ctsvqa_raw', 'published_filter_labels',
            'read_human_disagreements', 'split_sentences', 'positive_part', 'extract_facts', 'qa_from_fact',
            'rule_qa_for_report', 'generate_rule_qa', 'twin_qa_for_report', 'twin_benchmark', 'audit_sample',
-           'audit_summary', 'qa_generation_prompt', 'judge_prompt', 'parse_qa_pairs', 'llm_generate_qa', 'llm_judge_qa',
-           'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage', 'category_mix', 'plot_category_mix', 'add_cli']
+           'audit_summary', 'qa_generation_prompt', 'pairs_judge_prompt', 'parse_qa_pairs', 'llm_generate_qa',
+           'llm_judge_qa', 'judge_keeps', 'content_tokens', 'token_jaccard', 'coverage', 'category_mix',
+           'plot_category_mix', 'add_cli']
 
 # %% ../nbs/30_reports.ipynb #00c7c1c4
 JUDGE_ORDER = ("gemini2.5", "gpt", "qwen")  # upstream's order of judge files (its first judge names the rows)
@@ -1004,7 +1005,7 @@ def qa_generation_prompt(report: dict, lo: int = 7, hi: int = 10) -> str:
     "The generation prompt for one report record (`findings`, `impressions`)."
     return QA_PROMPT.format(lo=lo, hi=hi, findings=report.get("findings") or "(none)", impressions=report.get("impressions") or "(none)")
 
-def judge_prompt(report: dict, pairs: Sequence[dict]) -> str:
+def pairs_judge_prompt(report: dict, pairs: Sequence[dict]) -> str:
     "The judge prompt for a batch of pairs of one report, numbered from 1."
     block = "\n".join(f"{i}. Q: {p['question']}\n   A: {p['answer']}" for i, p in enumerate(pairs, 1))
     return JUDGE_PROMPT.format(volume=report.get("volume", ""), findings=report.get("findings") or "(none)",
@@ -1059,7 +1060,7 @@ def llm_judge_qa(records: Sequence[dict], reports: Sequence[dict], llm, batch_si
     for r in records: groups[r["volume"]].append(r)
     batches = [(v, rs[i:i + batch_size]) for v, rs in groups.items() for i in range(0, len(rs), batch_size)]
     if missing := sorted({v for v, _ in batches if v not in by_vol}): raise KeyError(f"no report for {', '.join(missing[:3])}")
-    texts = llm.generate([judge_prompt(by_vol[v], b) for v, b in batches], max_tokens=max_tokens, temperature=temperature,
+    texts = llm.generate([pairs_judge_prompt(by_vol[v], b) for v, b in batches], max_tokens=max_tokens, temperature=temperature,
                          json_mode=True, system=JUDGE_SYSTEM)
     out, rejected = [], []
     for (v, batch), text in zip(batches, texts):

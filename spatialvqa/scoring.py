@@ -22,7 +22,7 @@ from .parse import STATUSES, parse_answer
 # %% auto #0
 __all__ = ['FAILURES', 'SCORE_STATUSES', 'FAITHFULNESS', 'ERROR_TYPES', 'SHEET_COLUMNS', 'DIRECTION_MARGIN_MM', 'CLAIM_REL_TOL',
            'FAITHFULNESS_SHEET_COLUMNS', 'PARA_SUFFIX', 'toy_records', 'score_predictions', 'chance_adjusted',
-           'outcome', 'accuracy_table', 'correctness', 'compare_models', 'circular_eval', 'circular_table',
+           'outcome', 'accuracy_table', 'correctness', 'compare_models', 'circular_eval', 'circular_accuracy',
            'position_bias', 'blind_gap', 'faithfulness', 'faithfulness_table', 'failure_sheet', 'write_failure_sheet',
            'read_failure_sheet', 'failure_type_table', 'check_claim', 'reasoning_verdict', 'reasoning_verdicts',
            'faithfulness_shares', 'faithfulness_sheet', 'paraphrase_consistency']
@@ -190,7 +190,7 @@ def circular_eval(scored: pd.DataFrame, strict: bool = True) -> pd.DataFrame:
                          circular=float(g["v"].min()) if complete and not g["v"].isna().any() else np.nan))
     return pd.DataFrame(rows)
 
-def circular_table(circ: pd.DataFrame, by: str | None = "task", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def circular_accuracy(circ: pd.DataFrame, by: str | None = "task", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     "Per group: questions, complete ones, vanilla and circular accuracy (on complete questions) with the circular scan-bootstrap CI."
     rows = []
     for key, g in _groups(circ, by):

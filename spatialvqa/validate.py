@@ -40,11 +40,11 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'median_structure', 'FamilyMedian',
            'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian',
            'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'llm_answerer', 'make_answerers',
-           'predictions', 'cross_fit', 'vote', 'trivial', 'expected_right', 'blind_answers', 'chance_subsample',
-           'is_real', 'ordered', 'balance_letters', 'Validation', 'filter_report', 'leave_one_out', 'pair_summary',
-           'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet', 'write_review_sheet',
-           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame', 'report_markdown',
-           'rates_frame', 'rates_records', 'write_validation', 'add_cli']
+           'predictions', 'cross_fit_answerers', 'vote', 'trivial', 'expected_right', 'blind_answers',
+           'chance_subsample', 'is_real', 'ordered', 'balance_letters', 'Validation', 'filter_report', 'leave_one_out',
+           'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet',
+           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
+           'report_markdown', 'rates_frame', 'rates_records', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -767,7 +767,7 @@ def predictions(a, records: Sequence[dict]) -> list[dict]:
     extra = {"sampled": True} if getattr(a, "sampled", False) else {}
     return [{"pred": p, "proba": q, **extra} for p, q in zip(preds, probas)]
 
-def cross_fit(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed: int = 0) -> dict[str, dict[str, dict]]:
+def cross_fit_answerers(records: Sequence[dict], answerers: Sequence, folds: int = 2, seed: int = 0) -> dict[str, dict[str, dict]]:
     """Per qid and answerer, the blind answer `{"pred": letter or number, "proba": option probabilities or None}`,
     from answerers trained on the scans of the other folds (`stats.cross_fit` by scan family, `scan_family`: a
     counterfactual copy goes with its original, so no answerer learns a twin's answer from the other member of its
@@ -787,7 +787,7 @@ def vote(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> float:
 
 def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majority",
             rel_tol: float = REL_TOL) -> tuple[bool, str]:
-    "Whether the blind answers `entries` (one `cross_fit` row) make `record` trivial under `rule`, and why."
+    "Whether the blind answers `entries` (one `cross_fit_answerers` row) make `record` trivial under `rule`, and why."
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     answered = [e for e in entries.values() if e["pred"] is not None]
     if not answered: return False, "no blind answer"
@@ -811,18 +811,18 @@ def expected_right(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> fl
 
 def blind_answers(records: Sequence[dict], answerers: Sequence, folds: int = 2, seeds: Sequence[int] = (0,),
                   rel_tol: float = REL_TOL) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, float]]]:
-    """`(preds, right)`: the `cross_fit` answers on the first scan split of `seeds`, and per qid and answerer the
+    """`(preds, right)`: the `cross_fit_answerers` answers on the first scan split of `seeds`, and per qid and answerer the
     `expected_right` averaged over the cross-fits on every split of `seeds` (answerers that need no fitting, the
     leave-one-out atlas among them, answer once): how often the answerer is right on the question, whatever the split
     and the coin. A filter that keeps questions by these numbers cannot keep the ones that one split or one coin got
     wrong by accident."""
     seeds = list(seeds) or [0]
-    preds = cross_fit(records, answerers, folds, seeds[0])
+    preds = cross_fit_answerers(records, answerers, folds, seeds[0])
     right = {r["qid"]: {a: expected_right(r, e, rel_tol) for a, e in preds[r["qid"]].items()} for r in records}
     learned = [a for a in answerers if getattr(a, "needs_fit", True)]
     for s in seeds[1:]:
         if not learned: break
-        more = cross_fit(records, learned, folds, s)
+        more = cross_fit_answerers(records, learned, folds, s)
         for r in records:
             for a, e in more[r["qid"]].items(): right[r["qid"]][a] += expected_right(r, e, rel_tol)
     for r in records:
@@ -1148,7 +1148,7 @@ def pair_summary(kept: Sequence[dict], records: Sequence[dict] = ()) -> dict:
 # %% ../nbs/24_validate.ipynb #e34a1240
 def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = REL_TOL,
                    pooled: bool = True) -> dict:
-    """Per answerer (answers as `cross_fit` gives them), on multiple-choice and on numeric questions: n, accuracy
+    """Per answerer (answers as `cross_fit_answerers` gives them), on multiple-choice and on numeric questions: n, accuracy
     (share right) and its 95 % Wilson interval; with `pooled`, 'mean' pools all answerers. Chance on multiple choice is 1/4."""
     names = list(dict.fromkeys(n for r in records for n in preds.get(r["qid"], {})))
     out: dict = {}
@@ -1183,7 +1183,7 @@ def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prio
     per task (`by_task`, `blind_by_task`): do the questions of a set still carry shortcuts that a blind answerer can
     learn from that set?"""
     if not records: return {}
-    preds = cross_fit(records, make_answerers(answerers, seed=seed), folds, seed)
+    preds = cross_fit_answerers(records, make_answerers(answerers, seed=seed), folds, seed)
     return {**blind_accuracy(records, preds, rel_tol, pooled=False), "by_task": blind_by_task(records, preds, rel_tol)}
 
 # %% ../nbs/24_validate.ipynb #2273e820

@@ -31,7 +31,7 @@ __all__ = ['WINDOWS', 'PRESETS', 'VIEWS', 'MARKERS', 'OKABE_ITO_NAMES', 'OKABE_I
            'window_range', 'grey_levels', 'apply_window', 'Preset', 'SliceStackPreset', 'RadFMPreset', 'CTCLIPPreset',
            'MerlinPreset', 'MedGemmaPreset', 'preset', 'presets_table', 'plane_points', 'sample_points', 'sample_plane',
            'resolve_structures', 'structure_points', 'ViewImage', 'render_views', 'grid_heights', 'render_grid',
-           'ModelInput', 'check_representation', 'render_params', 'make_input', 'file_digest', 'item_key',
+           'RenderedInput', 'check_representation', 'render_params', 'make_input', 'file_digest', 'item_key',
            'CachedInput', 'get_or_render', 'render_records', 'group_by_scan', 'representation_slug', 'contact_sheet',
            'add_cli']
 
@@ -607,7 +607,7 @@ REPRESENTATIONS = ("axial", "coronal", "sagittal", "three_views", "grid", *(f"vo
 VIEWS_VERSION = 1     # bump when rendering changes: it is part of every cache key
 
 @dataclasses.dataclass(eq=False)
-class ModelInput:
+class RenderedInput:
     "What a model gets for one record: `arrays` (uint8 RGB images, or one preset array per scan) and JSON-able `meta`."
     representation: str
     kind: str                   # "images" | "volume"
@@ -677,7 +677,7 @@ def _render_scan(scan: Mapping, representation: str, named: Sequence[tuple[str, 
 def _named(record: Mapping) -> list[tuple[str, int]]:
     return resolve_structures(record.get("structures") or [], record.get("label_ids"))
 
-def make_input(record: Mapping, representation: str, root: str | os.PathLike | None = None, **params) -> ModelInput:
+def make_input(record: Mapping, representation: str, root: str | os.PathLike | None = None, **params) -> RenderedInput:
     "The model input of `record` in `representation` (rendered now, nothing cached); `params` as `render_params`."
     r = check_representation(representation)
     p = render_params(r, **params)
@@ -686,7 +686,7 @@ def make_input(record: Mapping, representation: str, root: str | os.PathLike | N
         a, m = _render_scan(scan, r, _named(record), p)
         arrays += a; metas += m
     kind = "volume" if r.startswith("volume:") else "images"
-    return ModelInput(r, kind, arrays, {"qid": record.get("qid"), "representation": r, "kind": kind, "params": p, "items": metas})
+    return RenderedInput(r, kind, arrays, {"qid": record.get("qid"), "representation": r, "kind": kind, "params": p, "items": metas})
 
 # %% ../nbs/40_views.ipynb #30dc6707
 def _render_whole(scan: Mapping, representation: str, params: Mapping) -> tuple[list[np.ndarray], list[dict]]:

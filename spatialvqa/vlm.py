@@ -28,7 +28,7 @@ __all__ = ['QWEN_TEMPLATE', 'GEMMA_TEMPLATE', 'PROBE_THREADS', 'FEATURE_DECIMALS
            'processor_chat_template', 'HFVLM', 'Qwen25VL', 'Qwen3VL', 'tiny_tokenizer', 'tiny_qwen_vl', 'tiny_inputs',
            'Gemma3', 'tiny_gemma3', 'onevision_tokens', 'LlavaOneVision', 'tiny_llava_onevision', 'volume_array',
            'Remote3D', 'M3D', 'Med3DVLM', 'RecordingTokenizer', 'RecordingModel', 'radfm_tokenizer', 'RadFM',
-           'file_digest', 'FeatureCache', 'encode_features', 'astra_extractor', 'option_numbers', 'probe_inputs',
+           'short_digest', 'FeatureCache', 'encode_features', 'astra_extractor', 'option_numbers', 'probe_inputs',
            'ProbeHead', 'Probe', 'toy_probe_records', 'toy_extractor', 'toy_embedder']
 
 # %% ../nbs/42_vlm.ipynb #2e1a6274
@@ -51,7 +51,7 @@ def require_revision(name: str, model_id: str, revision: str | None) -> str | No
     return str(revision)
 
 # %% ../nbs/42_vlm.ipynb #7cfee9b6
-def _torch_dtype(dtype):
+def _vlm_torch_dtype(dtype):
     import torch
     if dtype in (None, "auto"): return "auto"
     return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
@@ -114,7 +114,7 @@ class HFVLM(BaseAdapter):
         kw = {"revision": self.revision} if self.revision else {}
         if self.model is None:
             get_logger(__name__).info("loading %s (%s)", self.model_id, self.revision or "latest")
-            self.model = getattr(transformers, self.model_class).from_pretrained(self.model_id, dtype=_torch_dtype(self.dtype), **kw)
+            self.model = getattr(transformers, self.model_class).from_pretrained(self.model_id, dtype=_vlm_torch_dtype(self.dtype), **kw)
             self.model.to(_device(self.device))
         self.model.eval()
         if self.tokenizer is None: self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_id, **kw)
@@ -403,7 +403,7 @@ class Remote3D(BaseAdapter):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_id, use_fast=False, padding_side="right", **kw)
         if self.model is None:
             get_logger(__name__).info("loading %s at %s with its remote code", self.model_id, self.revision)
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_id, dtype=_torch_dtype(self.dtype), **kw).to(_device(self.device))
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_id, dtype=_vlm_torch_dtype(self.dtype), **kw).to(_device(self.device))
         self.model.eval()
         return self
 
@@ -421,7 +421,7 @@ class Remote3D(BaseAdapter):
     def image(self, inp: ModelInput):
         import torch
         dev = next(iter(self.model.parameters())).device if hasattr(self.model, "parameters") else "cpu"
-        return torch.from_numpy(volume_array(inp, self.preset_name)).unsqueeze(0).to(device=dev, dtype=_torch_dtype(self.dtype))
+        return torch.from_numpy(volume_array(inp, self.preset_name)).unsqueeze(0).to(device=dev, dtype=_vlm_torch_dtype(self.dtype))
 
     def generate(self, image, input_ids):
         return self.model.generate(image, input_ids, max_new_tokens=self.max_new_tokens, do_sample=False)
@@ -510,7 +510,7 @@ class RadFM(Remote3D):
             state = torch.load(folder / self.checkpoint, map_location="cpu")
             state.pop("embedding_layer.bert_model.embeddings.position_ids", None)
             model.load_state_dict(state, strict=False)
-            self.model = model.to(device=_device(self.device), dtype=_torch_dtype(self.dtype))
+            self.model = model.to(device=_device(self.device), dtype=_vlm_torch_dtype(self.dtype))
         self.model.eval()
         return self
 
@@ -529,7 +529,7 @@ class RadFM(Remote3D):
         return self.tokenizer.batch_decode(out[:, :self.max_new_tokens], skip_special_tokens=True)[0].strip()
 
 # %% ../nbs/42_vlm.ipynb #e40e65b0
-def file_digest(path: str | os.PathLike, n: int = 16) -> str:
+def short_digest(path: str | os.PathLike, n: int = 16) -> str:
     "SHA-256 of a file's bytes (or, for a DICOM folder, of its files' names and bytes), shortened to `n` hex digits."
     import hashlib
     h, p = hashlib.sha256(), Path(path)
@@ -547,7 +547,7 @@ class FeatureCache:
 
     def __call__(self, path: str | os.PathLike) -> np.ndarray:
         from spatialvqa.core import atomic_write
-        f = self.folder / f"{self.name}-{file_digest(path)}.npy"
+        f = self.folder / f"{self.name}-{short_digest(path)}.npy"
         if f.exists(): return np.load(f)
         v = np.asarray(self.extractor(str(path)), dtype=np.float32).ravel()
         with atomic_write(f, "wb") as fh: np.save(fh, v)

@@ -176,8 +176,8 @@ def test_replay_miss_is_an_error(tmp_path):
 
 
 def test_specialists_are_blind_answerers():
-    "The fit/predict protocol of spatialvqa.validate's answerers: its cross_fit takes specialists as they are."
-    from spatialvqa.validate import cross_fit, trivial
+    "The fit/predict protocol of spatialvqa.validate's answerers: its cross_fit_answerers takes specialists as they are."
+    from spatialvqa.validate import cross_fit_answerers, trivial
 
     class Say:
         name = "say"
@@ -185,7 +185,7 @@ def test_specialists_are_blind_answerers():
         def generate(self, prompts, **kw): return [self.f(p) for p in prompts]
 
     sps = A.make_specialists([Say(lambda p: "B"), Say(lambda p: "B"), Say(lambda p: "C")])
-    preds = cross_fit(RECORDS[:1], sps, folds=2, seed=0)
+    preds = cross_fit_answerers(RECORDS[:1], sps, folds=2, seed=0)
     assert {a: e["pred"] for a, e in preds["s1-VOL-spleen"].items()} == {"specialist_1": "B", "specialist_2": "B", "specialist_3": "C"}
     assert trivial(RECORDS[0], preds["s1-VOL-spleen"], "at_least_half")[0]
     assert A.specialist_rule(RECORDS[0], {a: e["pred"] for a, e in preds["s1-VOL-spleen"].items()})[0]
@@ -231,14 +231,14 @@ def test_agents_live_gemma_10_questions(tmp_path):
 
 
 def test_specialist_from_filter_config(tmp_path):
-    "A specialist built from the JSON-ready config a filter's params can carry, answering inside validate's cross_fit."
-    from spatialvqa.validate import cross_fit
+    "A specialist built from the JSON-ready config a filter's params can carry, answering inside validate's cross_fit_answerers."
+    from spatialvqa.validate import cross_fit_answerers
     Retriever(A.anatomy_passages()).save(tmp_path / "idx")
     with FakeOpenAIServer(fake_agents) as srv:
         cfgs = [{"answerer": "specialist", "llm": f"openai:fake-agent@{srv.base_url}", "cache": str(tmp_path / "c.jsonl"),
                  "index": str(tmp_path / "idx"), "role": role, "name": f"specialist_{i + 1}"} for i, role in enumerate(A.SPECIALIST_ROLES)]
         sps = [A.specialist_answerer(c) for c in cfgs]
-        preds = cross_fit(RECORDS[:2], sps, folds=2, seed=0)
+        preds = cross_fit_answerers(RECORDS[:2], sps, folds=2, seed=0)
     got = {q: {a: e["pred"] for a, e in d.items()} for q, d in preds.items()}
     assert got == {"s1-VOL-spleen": {"specialist_1": "B", "specialist_2": "D", "specialist_3": None},
                    "s1-VOL-liver": {"specialist_1": "C", "specialist_2": "C", "specialist_3": "A"}}
@@ -249,14 +249,14 @@ def test_filter_builds_specialists_from_params_config(tmp_path):
     """validate.llm with {"answerer": "specialist", ...} entries: the filter's `make_answerers` builds the specialists
     through the `spatialvqa.answerers` entry point (validate cannot import agents), and they answer as above; the
     paper's rule (a question is discarded when at least two of the three succeed) is the filter's rule `at_least_two`."""
-    from spatialvqa.validate import LLMAnswerer, cross_fit, make_answerers, trivial
+    from spatialvqa.validate import LLMAnswerer, cross_fit_answerers, make_answerers, trivial
     Retriever(A.anatomy_passages()).save(tmp_path / "idx")
     with FakeOpenAIServer(fake_agents) as srv:
         cfgs = [{"answerer": "specialist", "llm": f"openai:fake-agent@{srv.base_url}", "cache": str(tmp_path / "c.jsonl"),
                  "index": str(tmp_path / "idx"), "role": role, "name": f"specialist_{i + 1}"} for i, role in enumerate(A.SPECIALIST_ROLES)]
         ans = make_answerers([], llm=cfgs, seed=0)
         assert [type(a).__name__ for a in ans] == ["Specialist"] * 3 and [a.name for a in ans] == ["specialist_1", "specialist_2", "specialist_3"]
-        preds = cross_fit(RECORDS[:2], ans, folds=2, seed=0)
+        preds = cross_fit_answerers(RECORDS[:2], ans, folds=2, seed=0)
     assert {q: {a: e["pred"] for a, e in d.items()} for q, d in preds.items()} == {
         "s1-VOL-spleen": {"specialist_1": "B", "specialist_2": "D", "specialist_3": None},
         "s1-VOL-liver": {"specialist_1": "C", "specialist_2": "C", "specialist_3": "A"}}

@@ -166,7 +166,7 @@ def test_circular_eval(recs):
     assert c["complete"].all() and c["vanilla"].mean() == 1.0 and c["circular"].sum() == 0
     # right on every order: circular 100%
     allright = S.score_predictions(allr, [dict(qid=r["qid"], raw=r["answer_letter"]) for r in mc])
-    assert S.circular_table(S.circular_eval(allright), n_boot=100).loc["all", "circular"] == 1.0
+    assert S.circular_accuracy(S.circular_eval(allright), n_boot=100).loc["all", "circular"] == 1.0
     # a rotation left unanswered: incomplete, not scored
     part = S.score_predictions([r for r in allr if r.get("rotation", 0) != 2], [dict(qid=r["qid"], raw=r["answer_letter"]) for r in mc])
     c = S.circular_eval(part)

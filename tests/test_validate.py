@@ -127,7 +127,7 @@ class _Spy:
 def test_cross_fitting_never_trains_on_the_scan_it_answers(bench):
     recs = bench["recs"]
     spy = _Spy()
-    preds = V.cross_fit(recs, [spy], folds=3, seed=4)
+    preds = V.cross_fit_answerers(recs, [spy], folds=3, seed=4)
     assert len(spy.calls) == 3
     assert set().union(*(t for _, t in spy.calls)) == {scan_family(r) for r in recs}
     assert all(preds[r["qid"]]["spy"] == {"pred": "A" if r["format"] == "mc" else None, "proba": None} for r in recs)
@@ -320,7 +320,7 @@ def test_llm_specialist_through_make_llm(bench):
                               else "Roughly 2.5 L") as srv:
         ans = V.make_answerers("", llm={"backend": "openai", "model": "blind-test", "base_url": srv.base_url,
                                         "api_key_env": None, "max_attempts": 1})
-        preds = V.cross_fit(recs, ans, 2, seed=0)
+        preds = V.cross_fit_answerers(recs, ans, 2, seed=0)
     name = ans[0].name
     assert name.startswith("llm:openai:blind-test")
     # "Roughly 2.5 L" reads as 2500 mL; asked for a ratio it has no number in the unit asked for: unread (None)
