@@ -23,7 +23,7 @@ from .core import PNG_METADATA, get_logger, parallel_map, read_json, stable_hash
 from .measure import Structure, measure_labels
 from .questions import (
     AskPolicy, LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
-    Geometry, measured_structure, measurement, structure_from_row, structure_weight, vol_larger)
+    Geometry, measured_structure, measurement, patient_of, structure_from_row, structure_weight, vol_larger)
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
@@ -591,8 +591,7 @@ def scan_family(r: Mapping | str) -> str:
     `<scan_id>~<kind>` belongs to `<scan_id>`, and so does another scan of the same patient named `<scan_id>~<what>`
     (TotalSegmentator's full example CT, `totalseg_s0001~full`, of the patient whose first slices are `totalseg_s0001`),
     with its own copies (`totalseg_s0001~full~mirror`); any other scan to itself."""
-    sid = r if isinstance(r, str) else str(r["scan_id"])
-    return sid.split("~", 1)[0] or sid
+    return patient_of(r if isinstance(r, str) else str(r["scan_id"]))
 
 def pair_key(r: Mapping) -> str:
     "The pair group of a record: its original's qid for a twin, its own qid for an original."

@@ -954,6 +954,13 @@ def ladder_ratios(c: float, tol: Callable[[float], float],
     up = _min_ratio(lambda r: _num_distinct(c * r, c, tol) and far(c * r), r0)
     return down, up
 
+def _step(down: float | None, up: float | None, k: int, rng) -> float | None:
+    """The ratio between neighbouring options when the key sits at position `k`: the larger of the ratios the sides it
+    uses need (`ladder_ratios`: below when k > 0, above when k < 3), times a random factor up to `LADDER_JITTER`; None
+    when a side it needs has none."""
+    need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
+    return None if None in need else max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+
 def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
             bounds: tuple[float, float] | None = None, clear: Callable[[float], bool] | None = None,
             ratios: tuple[float | None, float | None] | None = None) -> list[float] | None:
@@ -965,9 +972,7 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
     c = shown(t, unit)
     if c <= 0 or _num_truth(c, t, tol) is not True: return None    # a value shown as 0 has no ladder (and no ratio)
     down, up = ladder_ratios(c, tol, clear) if ratios is None else ratios
-    need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
-    if None in need: return None
-    r = max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+    if (r := _step(down, up, k, rng)) is None: return None
     vals = [c if i == k else shown(c * r ** (i - k), unit) for i in range(4)]
     if min(vals) <= 0 or any(not _num_distinct(y, x, tol) for x, y in zip(vals, vals[1:])): return None
     if bounds is not None and not all(min(bounds[0], t) <= v <= max(bounds[1], t) for v in vals): return None
@@ -1343,10 +1348,8 @@ def _g_ext_bbox(c, rng, focus, others=()):
     txt = lambda x: " × ".join(fmt_number(v, "mm").split()[0] for v in x) + " mm"
     variants = []
     for k in range(4):
-        need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
         boxes = None
-        if None not in need:
-            r = max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+        if (r := _step(down, up, k, rng)) is not None:
             boxes = [e if i == k else box(r ** (i - k)) for i in range(4)]
             if not (min(min(x) for x in boxes) > 0 and max(max(x) for x in boxes) <= hi
                     and all(_triple_distinct(y, x, c.geom) for x, y in zip(boxes, boxes[1:]))
@@ -1487,7 +1490,7 @@ def _g_volest_ratio_related(c, rng, focus, others=()):
 
 def patient_of(scan_id: str) -> str:
     """The patient a scan id belongs to: everything before the first `~` (`<id>~mirror` is a copy of `<id>`,
-    `<id>~followup` another scan of its patient; `spatialvqa.counterfactual.scan_family` is the same rule)."""
+    `<id>~followup` another scan of its patient; `spatialvqa.counterfactual.scan_family` calls it)."""
     return scan_id.split("~", 1)[0] or scan_id
 
 _COPY = ("~mirror", "~resize")   # counterfactual copies (`spatialvqa.counterfactual.KINDS`): not a second scan
