@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import json
 import math
 import os
 import re
@@ -23,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import REFERENCE, reference_range, typical_volume
-from .core import atomic_write, dumps, get_logger, stable_hash
+from .core import _json_default, atomic_write, dumps, get_logger, stable_hash
 from .stats import bootstrap_ci, cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .counterfactual import pair_key, scan_family
 from .measure import Structure
@@ -37,14 +38,14 @@ __all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_
            'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_DRIFT', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP',
            'LETTER_SLACK', 'MILP_TIME_LIMIT', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
            'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
-           'PriorAnswerer', 'option_features', 'question_features', 'TextAnswerer', 'median_structure', 'FamilyMedian',
-           'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer', 'NameCueAnswerer', 'GroupMedian',
-           'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer', 'llm_answerer', 'make_answerers',
-           'predictions', 'cross_fit_answerers', 'vote', 'trivial', 'expected_right', 'blind_answers',
-           'chance_subsample', 'is_real', 'ordered', 'balance_letters', 'Validation', 'filter_report', 'leave_one_out',
-           'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate', 'review_sheet',
-           'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'validated_frame',
-           'report_markdown', 'rates_frame', 'rates_records', 'write_validation', 'add_cli']
+           'PriorAnswerer', 'option_features', 'question_features', 'feature_codes', 'FeatureMatrix', 'TextAnswerer',
+           'median_structure', 'FamilyMedian', 'AtlasAnswerer', 'textbook_structure', 'TextbookAnswerer',
+           'NameCueAnswerer', 'GroupMedian', 'SubjectAtlasAnswerer', 'blind_prompt', 'blind_answer', 'LLMAnswerer',
+           'llm_answerer', 'make_answerers', 'predictions', 'cross_fit_answerers', 'vote', 'trivial', 'expected_right',
+           'blind_answers', 'chance_subsample', 'is_real', 'ordered', 'balance_letters', 'Validation', 'filter_report',
+           'leave_one_out', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
+           'review_sheet', 'write_review_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'validated_frame', 'report_markdown', 'rates_frame', 'rates_records', 'write_validation', 'add_cli']
 
 # %% ../nbs/24_validate.ipynb #c7ffff24
 BORDER = "touches the border of the scan"
@@ -164,11 +165,17 @@ def is_right(record: dict, pred, rel_tol: float = REL_TOL) -> bool:
     except (TypeError, ValueError): return False
     return math.isfinite(p) and abs(p - t) <= rel_tol * abs(t)
 
+_GUESS_HASH: dict[tuple, int] = {}
+
 def _guess(record: dict, seed: int, among: Sequence[int] | None = None) -> int:
     """A deterministic stand-in for a coin: one of `among` (default: all four options), chosen by a hash of what a blind
     answerer sees (the question and its options, not the qid): a question and its counterfactual twin get the same."""
     among = list(range(len(record.get("options") or LETTERS))) if among is None else list(among)
-    return among[int(stable_hash([int(seed), record.get("question"), list(record.get("options") or [])]), 16) % len(among)]
+    key = (int(seed), record.get("question"), tuple(record.get("options") or ()))
+    if (h := _GUESS_HASH.get(key)) is None:                # the filter asks again for every split and round
+        if len(_GUESS_HASH) > 500_000: _GUESS_HASH.clear()
+        h = _GUESS_HASH[key] = int(stable_hash([key[0], key[1], list(key[2])]), 16)
+    return among[h % len(among)]
 
 # %% ../nbs/24_validate.ipynb #9f601ae0
 _ROLES = ("a", "b", "ref")
@@ -177,7 +184,8 @@ def _levels(r: dict) -> list[tuple]:
     "Keys of what a question asks, most specific first: subtask + full spec, subtask + spec without structures, subtask."
     sp = {k: v for k, v in r["spec"].items() if k not in ("options", "spacing_mm")}
     generic = {k: v for k, v in sp.items() if k not in _ROLES and k != "threshold"}
-    return [(r["subtask"], stable_hash(sp)), (r["subtask"], stable_hash(generic)), (r["subtask"],)]
+    key = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":"), default=_json_default)   # a dict key, not an id
+    return [(r["subtask"], key(sp)), (r["subtask"], key(generic)), (r["subtask"],)]
 
 def _hashable(k):
     return tuple(_hashable(x) for x in k) if isinstance(k, (list, tuple)) else k
@@ -346,6 +354,53 @@ def question_features(r: dict) -> dict[str, float]:
         if not w[0].isdigit(): f[f"q:{w}"] = f[f"{r['subtask']}|q:{w}"] = 1.0
     return f
 
+# %% ../nbs/24_validate.ipynb #8c6c9528
+_FEATURE_IDS: dict[str, int] = {}
+_FEATURE_NAMES: list[str] = []
+_CODE_CACHE: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+def feature_codes(feats: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    "The global integer ids of a feature dict's names (each name gets one the first time it is seen) and its values."
+    ids = []
+    for f in feats:
+        i = _FEATURE_IDS.get(f)
+        if i is None: i = _FEATURE_IDS[f] = len(_FEATURE_NAMES); _FEATURE_NAMES.append(f)
+        ids.append(i)
+    return np.array(ids, np.int64), np.array([float(v) for v in feats.values()], np.float64)
+
+def _option_codes(r: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    "`feature_codes` of each option's `_option_features`, remembered with them."
+    key = (r["subtask"], r["question"], tuple(r["options"]))
+    if key not in _CODE_CACHE:
+        if len(_CODE_CACHE) > 200_000: _CODE_CACHE.clear()
+        _CODE_CACHE[key] = [feature_codes(f) for f in _option_features(r)]
+    return _CODE_CACHE[key]
+
+class FeatureMatrix:
+    "`DictVectorizer().fit_transform` / `.transform` over `feature_codes` rows: the same CSR matrix, built with numpy."
+    def fit_transform(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]):
+        uniq = np.unique(np.concatenate([i for i, _ in rows]))
+        cols = sorted(range(len(uniq)), key=lambda k: _FEATURE_NAMES[uniq[k]])
+        self.lut = np.full(int(uniq.max()) + 1 if len(uniq) else 0, -1, np.int64)
+        self.lut[uniq[cols]] = np.arange(len(uniq))
+        self.feature_names_ = [_FEATURE_NAMES[uniq[k]] for k in cols]
+        return self.transform(rows)
+
+    def transform(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]):
+        import scipy.sparse as sp
+        if not rows: raise ValueError("Sample sequence X is empty.")
+        ids = np.concatenate([i for i, _ in rows]); vals = np.concatenate([v for _, v in rows])
+        row = np.repeat(np.arange(len(rows)), [len(i) for i, _ in rows])
+        col = np.full(len(ids), -1, np.int64)
+        inside = ids < len(self.lut)
+        col[inside] = self.lut[ids[inside]]
+        keep = col >= 0
+        row, col, vals = row[keep], col[keep], vals[keep]
+        order = np.lexsort((col, row))
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=len(rows)))])
+        return sp.csr_matrix((vals[order], col[order].astype(np.intc), indptr.astype(np.intc)),
+                             shape=(len(rows), len(self.feature_names_)))
+
 # %% ../nbs/24_validate.ipynb #91a8cc8e
 class TextAnswerer:
     "Logistic regression over option-level text features (multiple choice), ridge regression of the log answer (numeric)."
@@ -356,14 +411,14 @@ class TextAnswerer:
         self.seed, self.C, self.alpha = int(seed), float(C), float(alpha)
 
     def fit(self, records: Sequence[dict]) -> "TextAnswerer":
-        from sklearn.feature_extraction import DictVectorizer
+        from sklearn.feature_extraction import DictVectorizer   # numeric questions: few, one fit each
         from sklearn.linear_model import LogisticRegression, Ridge
         X, y = [], []
         for r in records:
             if r["format"] != "mc": continue
             ci = LETTERS.index(r["answer_letter"])
-            for i, feats in enumerate(_option_features(r)): X.append(feats); y.append(int(i == ci))
-        self.vec, self.clf = DictVectorizer(), None
+            for i, codes in enumerate(_option_codes(r)): X.append(codes); y.append(int(i == ci))
+        self.vec, self.clf = FeatureMatrix(), None
         if len(set(y)) == 2:
             self.clf = LogisticRegression(C=self.C, max_iter=2000).fit(self.vec.fit_transform(X), y)
         num = [r for r in records if r["format"] == "numeric" and (r.get("answer_value") or 0) > 0]
@@ -380,7 +435,7 @@ class TextAnswerer:
         if self.clf is None:
             for i in mc: out[i] = _uniform(len(records[i]["options"]))
             return out
-        feats = [_option_features(records[i]) for i in mc]
+        feats = [_option_codes(records[i]) for i in mc]
         if not feats: return out
         s = self.clf.decision_function(self.vec.transform([f for fs in feats for f in fs]))
         at = 0
@@ -408,10 +463,15 @@ class TextAnswerer:
 def median_structure(name: str, ms: Sequence[Mapping]) -> Structure:
     """One `Structure` from the measurements `ms` of structure `name` in one or more scans: the median of each (a box
     by its centre and its physical extent less the voxel box, as `questions.measured_structure` rebuilds one)."""
-    med = lambda k, d=None: np.median(np.asarray([m.get(k, d) for m in ms], float), axis=0)
-    return measured_structure({"label": ms[0]["label"], "name": name, "voxels": int(med("voxels")), "volume_ml": float(med("volume_ml")),
-                               "centroid_mm": med("centroid_mm").tolist(), "bbox_center_mm": med("bbox_center_mm").tolist(),
-                               "extent_mm": med("extent_mm").tolist(), "voxel_box_mm": med("voxel_box_mm", [0.0] * 3).tolist()})
+    a = np.asarray([[m.get("voxels"), m.get("volume_ml"), *m.get("centroid_mm"), *m.get("bbox_center_mm"),
+                     *m.get("extent_mm"), *m.get("voxel_box_mm", [0.0] * 3)] for m in ms], float)
+    if np.isnan(a).any(): med = np.median(a, axis=0)     # (NaN propagates as np.median has it)
+    else:                                                # the same numbers as np.median, one sort for all 14 columns
+        a.sort(axis=0); h = len(a) // 2
+        med = a[h] if len(a) % 2 else (a[h - 1] + a[h]) / 2
+    return measured_structure({"label": ms[0]["label"], "name": name, "voxels": int(med[0]), "volume_ml": float(med[1]),
+                               "centroid_mm": med[2:5].tolist(), "bbox_center_mm": med[5:8].tolist(),
+                               "extent_mm": med[8:11].tolist(), "voxel_box_mm": med[11:14].tolist()})
 
 def _settled(ev: dict) -> np.ndarray:
     "The options an `evaluate` result makes right (else those it leaves undecided), equally likely."
