@@ -14,6 +14,12 @@ volumes, extents along each axis, distances between the centres the DIST questio
 When `between` is smaller than `step`, every option but one lies farther from the median patient than the key does
 for most patients: an answerer that knows only the average anatomy wins, and the filter rightly drops the question.
 
+Then the same for direction (DIR): for every two of the structures and every axis, the offset between their centres of
+mass. A key holds under a second reader when the offset exceeds the two structures' centroid margins (the pair's own
+margin for the two parotids) and one voxel along the axis: `answerable` is the share of patients where it does, and
+`majority` how often the more frequent sign is right among them (what an answerer that never sees the scan gets; chance
+0.5). An offset with `majority` near 1 is anatomy; one near 0.5 that is rarely answerable lies under the margins.
+
 Usage: python benchmarks/prior_vs_margin.py [--structures results/measure/structures.parquet]
        [--scans results/measure/scans.parquet] [--params params.yaml]
 Needs the measure stage's outputs (dvc repro measure). Runs in 4 s on 2 cores (measured 2026-11-26).
@@ -28,8 +34,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from spatialvqa.questions import (_clear, _dist_tol, _ladder, _vol_tol, box_distance, contexts_from_tables,
-                                  ladder_ratios, phys_extent, shown, tol_extent)
+from spatialvqa.anatomy import counterpart
+from spatialvqa.questions import (Margins, _clear, _dist_tol, _ladder, _vol_tol, box_distance, contexts_from_tables,
+                                  ladder_ratios, pair_stem, phys_extent, shown, tol_extent)
 
 NAMES = ("brainstem", "parotid_gland_left", "parotid_gland_right", "larynx", "mandible")
 
@@ -91,6 +98,31 @@ def main(argv=None):
     ok = df.dropna()
     print(f"\n{int((ok['between'] < ok['step']).sum())} of {len(ok)} quantities vary less between patients than their "
           f"options must be apart; median-patient answerer: {ok['blind'].median():.2f} (median over quantities; chance 0.25)")
+    off = offsets(st, sc, Margins.from_dict(margins))
+    print("\n" + off.to_markdown(index=False))
+    open_ = off[(off["majority"] < 0.75) & (off["answerable"] >= 0.5)]
+    print(f"\n{len(open_)} of {len(off)} offsets are answerable for at least half the patients with the majority sign right "
+          f"under 75%; median over offsets: answerable {off['answerable'].median():.2f}, majority {off['majority'].median():.2f}")
+
+
+def offsets(st: pd.DataFrame, sc: pd.DataFrame, margins: Margins) -> pd.DataFrame:
+    "Per two structures of `NAMES` and axis: patients, the offset's median and spread, `answerable` and `majority`."
+    vox = {s: np.abs(np.asarray([np.asarray(r, float) for r in a])[:3, :3]).sum(axis=1) for s, a in zip(sc["scan_id"], sc["affine"])}
+    cen = st.set_index(["scan_id", "name"])[["centroid_x", "centroid_y", "centroid_z"]]
+    out = []
+    for a, b in itertools.combinations(NAMES, 2):
+        scans = sorted(set(st.loc[st["name"] == a, "scan_id"]) & set(st.loc[st["name"] == b, "scan_id"]))
+        if len(scans) < 20: continue
+        m = margins.of("pair_centroid", pair_stem(a)) if counterpart(a) == b else margins.of("centroid", a) + margins.of("centroid", b)
+        d = np.array([cen.loc[(s, a)].to_numpy(float) - cen.loc[(s, b)].to_numpy(float) for s in scans])
+        for i, ax in enumerate(("LR", "AP", "SI")):
+            thr = np.array([max(float(m[i]), float(vox[s][i])) for s in scans])
+            far = d[:, i][np.abs(d[:, i]) > thr]
+            out.append(dict(offset=f"{a} - {b}", axis=ax, patients=len(scans), median_mm=round(float(np.median(d[:, i])), 1),
+                            sd_mm=round(float(d[:, i].std()), 1), threshold_mm=round(float(np.median(thr)), 1),
+                            answerable=round(len(far) / len(scans), 3),
+                            majority=round(max(float(np.mean(far > 0)), float(np.mean(far < 0))), 3) if len(far) else None))
+    return pd.DataFrame(out)
 
 
 if __name__ == "__main__":
