@@ -322,6 +322,22 @@ def sbert_items(predictions: Sequence[str], references: Sequence[str], model: st
     return (sbert_embed(predictions, model, batch_size, device) * sbert_embed(references, model, batch_size, device)).sum(axis=1)
 
 # %% ../nbs/31_ctsvqa.ipynb #d56a87f0
+_ROUGE_SEEN: dict[tuple[str, str], tuple[float, ...]] = {}    # (prediction, reference) -> ROUGE-1/2/L F
+_METEOR_SEEN: dict[tuple[str, str], tuple[float, ...]] = {}   # (prediction, reference) -> METEOR
+
+def _rouge_rows(ps: Sequence[str], rs: Sequence[str]) -> list[tuple[float, ...]]:
+    return [tuple(x) for x in rouge_items(ps, rs).to_numpy(float).tolist()]
+
+def _remembered(seen: dict, ps: Sequence[str], rs: Sequence[str], fn: Callable) -> np.ndarray:
+    """`fn(ps, rs)` per pair, computed once per distinct pair (a constant answer meets each reference once, and
+    systems share answers) and remembered: both metrics are functions of the pair alone."""
+    todo = [pr for pr in dict.fromkeys(zip(ps, rs)) if pr not in seen]
+    if todo:
+        if len(seen) > 1_000_000: seen.clear()
+        for pr, v in zip(todo, fn([p for p, _ in todo], [r for _, r in todo])): seen[pr] = tuple(np.atleast_1d(v).tolist())
+    width = len(next(iter(seen.values()))) if seen else 1
+    return np.asarray([seen[pr] for pr in zip(ps, rs)], dtype=float).reshape(len(ps), width)
+
 ITEM_METRICS = ("exact_match", "rouge1_f", "rouge2_f", "rougeL_f", "meteor", "sbert_cosine")
 
 def text_metric_items(predictions: Sequence[str | None], references: Sequence[str | None], lower: bool = True,
@@ -334,12 +350,12 @@ def text_metric_items(predictions: Sequence[str | None], references: Sequence[st
     missing: dict[str, str] = {}
     if not ps: missing.update({k: "no items to score" for k in TEXT_METRICS})
     items["exact_match"] = np.asarray(exact_match(ps, rs), dtype=float)
-    for k, v in rouge_items(ps, rs).items(): items[k] = v.to_numpy(float)
+    for k, v in zip(("rouge1_f", "rouge2_f", "rougeL_f"), _remembered(_ROUGE_SEEN, ps, rs, _rouge_rows).T): items[k] = v
     items["meteor"] = items["sbert_cosine"] = np.nan
     if ps:
         if not meteor: missing["meteor"] = "not requested"
         elif why := wordnet_missing(): missing["meteor"] = why
-        else: items["meteor"] = meteor_items(ps, rs)
+        else: items["meteor"] = _remembered(_METEOR_SEEN, ps, rs, meteor_items)[:, 0]
         if not sbert: missing["sbert_cosine"] = "not requested"
         elif why := sbert_missing(sbert_model): missing["sbert_cosine"] = why
         else: items["sbert_cosine"] = sbert_items(ps, rs, sbert_model, batch_size)
