@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -276,8 +277,12 @@ def _vol_rel(s: Structure) -> float:
     return tol_volume(s.volume_ml, s.voxels) / s.volume_ml if s.volume_ml > 0 else 1.0
 
 def _scaled(s: Structure, f: float) -> Structure:
-    "`s` with its volume and voxel count scaled by `f`: where another reader's contour could put it."
-    return s if f == 1 else dataclasses.replace(s, volume_ml=s.volume_ml * f, voxels=max(1, int(round(s.voxels * f))))
+    """`s` with its volume and voxel count scaled by `f`: where another reader's contour could put it. (Built field by
+    field, as `dataclasses.replace` would build it, at a tenth of its cost: the robust checks ask millions of times.)"""
+    if f == 1: return s
+    out = object.__new__(type(s))
+    out.__dict__.update(s.__dict__, volume_ml=s.volume_ml * f, voxels=max(1, int(round(s.voxels * f))))
+    return out
 
 def vol_larger(a: Structure, b: Structure, ma: float = 0.0, mb: float = 0.0) -> bool:
     """True when `a` is clearly larger than `b`: by `MIN_RATIO` and beyond both volumes' tolerances; with margins
@@ -992,7 +997,10 @@ def _numeric_variants(t, tol, unit, rng, bounds=None, clear=None) -> list[list[d
     """For each correct position 0-3, the four numeric options (ascending, or descending where only that fits) within
     `bounds`, or None where no ladder fits; the ratios are searched once for all four."""
     c = shown(t, unit)
-    ratios = ladder_ratios(c, tol, clear) if c > 0 else (None, None)
+    if c <= 0: ratios = (None, None)
+    elif (memo := getattr(clear, "memo", None)) is not None:
+        ratios = _remembered(memo[0], ("ladder_ratios", memo[1], c, unit), lambda: ladder_ratios(c, tol, clear))
+    else: ratios = ladder_ratios(c, tol, clear)
     out = []
     for k in range(4):
         v = _ladder(t, k, tol, unit, rng, bounds, clear, ratios)
@@ -1006,7 +1014,16 @@ def _clear(c: ScanContext, sub: str, spec: dict) -> Callable[[object], bool] | N
     names = [spec[r] for r in ("a", "b", "ref") if r in spec]
     spec = {**spec, "spacing_mm": [list(c.geom.spacing)], "voxel_box_mm": [list(c.geom.voxel_box)],
             "margins": c.margins.for_spec(names, sub.split(".")[0])}
-    return lambda v: evaluate({"subtask": sub, "spec": {**spec, "options": [v]}}, [c.structs], robust=True)["truth"][0] is False
+    far = lambda v: evaluate({"subtask": sub, "spec": {**spec, "options": [v]}}, [c.structs], robust=True)["truth"][0] is False
+    far.memo = (c, (sub, json.dumps(spec, sort_keys=True, default=str)))   # what `_remembered` files its results under
+    return far
+
+def _remembered(c: ScanContext, key: tuple, compute: Callable):
+    """`compute()`, once per scan context and `key`: the generator tries the same structure again and again, and the
+    ratios its options need (a search of robust checks) depend on nothing else."""
+    memo = c.__dict__.setdefault("_memo", {})
+    if key not in memo: memo[key] = compute()
+    return memo[key]
 
 def _edge(v: float, unit: str) -> str:
     return f"{v:g} {unit}"
@@ -1343,7 +1360,7 @@ def _g_ext_bbox(c, rng, focus, others=()):
     far = _clear(c, "EXT.bbox", {"a": a}) or (lambda x: True)
     ok = lambda f: _triple_distinct(box(f), e, c.geom) and far(box(f))
     r0 = MIN_RATIO * 1.02
-    down, up = _min_ratio(lambda r: ok(1 / r), r0), _min_ratio(ok, r0)
+    down, up = _remembered(c, ("EXT.bbox", a), lambda: (_min_ratio(lambda r: ok(1 / r), r0), _min_ratio(ok, r0)))
     hi = max(max(e), (plausible_length(a) or (0, max(e)))[1])
     txt = lambda x: " × ".join(fmt_number(v, "mm").split()[0] for v in x) + " mm"
     variants = []

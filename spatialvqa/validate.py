@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import REFERENCE, reference_range, typical_volume
-from .core import _json_default, atomic_write, dumps, get_logger, stable_hash
+from .core import Outcome, _json_default, atomic_write, dumps, get_logger, parallel_map, stable_hash
 from .stats import bootstrap_ci, cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .counterfactual import pair_key, scan_family
 from .measure import Structure
@@ -1158,27 +1158,44 @@ def filter_report(records: Sequence[dict], removed: Sequence[dict], filters: Seq
     return df.astype({c: int for c in ["questions", *filters, "kept"]})
 
 # %% ../nbs/24_validate.ipynb #41b2c011
+def _loo_keep(job: tuple) -> list[list[bool]]:
+    "The chance filter's keep flags for a share of `leave_one_out`'s problems ((records, answerers), keywords)."
+    problems, kw = job
+    return [list(chance_subsample(rs, {}, others, **kw)) for rs, others in problems]
+
 def leave_one_out(records: Sequence[dict], right: Mapping[str, Mapping[str, float]], names: Sequence[str],
                   tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, family_cap: float | None = FAMILY_CAP,
-                  protect_weight: float = PROTECT_WEIGHT, method: str = "ilp", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+                  protect_weight: float = PROTECT_WEIGHT, method: str = "ilp", n_boot: int = 2000, seed: int = 0,
+                  workers: int = 1) -> pd.DataFrame:
     """Per held-out answerer of `names` (and `none`) and per multiple-choice task: the questions the chance filter of the
     other answerers keeps (`kept`, of `n`), the held-out one's mean rate `right[qid][name]` on them (`accuracy`, with
-    `ci_low`/`ci_high` resampling scan families) and its rate on all of the task's questions (`before`)."""
-    rows = []
+    `ci_low`/`ci_high` resampling scan families) and its rate on all of the task's questions (`before`). `workers`:
+    processes sharing the filters (each a seeded program of its own: the table does not depend on them)."""
+    jobs = []
     for held in [None, *names]:
         others = [a for a in names if a != held]
         for t in MC_TASKS:
             rs = [r for r in records if r["task"] == t and r["format"] == "mc"]
-            if not rs: continue
-            keep = chance_subsample(rs, {}, others, tol=tol, protect=protect, seed=seed, groups=pair_key, right=right,
-                                    method=method, protect_weight=protect_weight, family_cap=family_cap)
-            ks = [r for r, k in zip(rs, keep) if k]
-            for a in ([held] if held else names):
-                v = np.array([right[r["qid"]][a] for r in ks], float)
-                ci = bootstrap_ci(v, [scan_family(r) if r.get("scan_id") else r["qid"] for r in ks], n_boot, seed) if len(v) else {}
-                rows.append(dict(held_out=held or "none", answerer=a, task=t, n=len(rs), kept=len(ks),
-                                 before=float(np.mean([right[r["qid"]][a] for r in rs])),
-                                 accuracy=ci.get("estimate", np.nan), ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan)))
+            if rs: jobs.append((held, t, rs, others))
+    kw = dict(tol=tol, protect=protect, seed=seed, groups=pair_key, right=right, method=method,
+              protect_weight=protect_weight, family_cap=family_cap)
+    n = max(int(workers), 1)
+    shares = [s for s in (list(range(len(jobs)))[k::n] for k in range(n)) if s]
+    work = [([(jobs[i][2], jobs[i][3]) for i in s], kw) for s in shares]
+    outs = [Outcome(w, True, _loo_keep(w)) for w in work] if len(work) <= 1 else parallel_map(_loo_keep, work, n)
+    keeps: list = [None] * len(jobs)
+    for s, got in zip(shares, outs):
+        if not got.ok: raise RuntimeError(f"leave_one_out: {got.error}")
+        for i, k in zip(s, got.value): keeps[i] = k
+    rows = []
+    for (held, t, rs, _), keep in zip(jobs, keeps):
+        ks = [r for r, k in zip(rs, keep) if k]
+        for a in ([held] if held else names):
+            v = np.array([right[r["qid"]][a] for r in ks], float)
+            ci = bootstrap_ci(v, [scan_family(r) if r.get("scan_id") else r["qid"] for r in ks], n_boot, seed) if len(v) else {}
+            rows.append(dict(held_out=held or "none", answerer=a, task=t, n=len(rs), kept=len(ks),
+                             before=float(np.mean([right[r["qid"]][a] for r in rs])),
+                             accuracy=ci.get("estimate", np.nan), ci_low=ci.get("ci_low", np.nan), ci_high=ci.get("ci_high", np.nan)))
     return pd.DataFrame(rows)
 
 # %% ../nbs/24_validate.ipynb #12f6b780
