@@ -331,3 +331,44 @@ def test_llm_specialist_through_make_llm(bench):
     assert {m["content"] for b in srv.requests for m in b["body"]["messages"] if m["role"] == "user"} == \
         {build_prompt(r) for r in recs}
     with pytest.raises(ValueError, match="no LLM configured"): V.LLMAnswerer({"backend": "none"})
+
+
+# --- FeatureMatrix: DictVectorizer's matrices, property-tested (the filter's text answerer depends on the equality) ---
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_NAMES = st.sampled_from([f"{p}:{w}" for p in ("o", "q", "pos", "len", "DIR.relative|o") for w in ("a", "b", "liver", "0", "1", "z")])
+_DICTS = st.lists(st.dictionaries(_NAMES, st.sampled_from([0.0, 1.0]), min_size=1, max_size=8), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(fit=_DICTS, apply=_DICTS)
+def test_feature_matrix_is_dictvectorizers(fit, apply):
+    "Fitted on some dicts, applied to others (unseen names dropped): data, indices, indptr, shape and names all equal."
+    from sklearn.feature_extraction import DictVectorizer
+    from spatialvqa.validate import FeatureMatrix, feature_codes
+    dv, fm = DictVectorizer(), FeatureMatrix()
+    pairs = [(dv.fit_transform(fit), fm.fit_transform([feature_codes(d) for d in fit])),
+             (dv.transform(apply), fm.transform([feature_codes(d) for d in apply]))]
+    for a, b in pairs:
+        assert a.shape == b.shape
+        for k in ("data", "indices", "indptr"): assert getattr(a, k).tolist() == getattr(b, k).tolist(), k
+    assert fm.feature_names_ == list(dv.feature_names_)
+
+
+def test_text_answerer_fits_the_same_model_as_with_dictvectorizer(bench):
+    "The text answerer's logistic regression, fitted on FeatureMatrix rows, is the one DictVectorizer's rows give, bit for bit."
+    from sklearn.feature_extraction import DictVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from spatialvqa.validate import TextAnswerer, _option_features
+    recs = [r for r in bench["recs"] if r["format"] == "mc"]
+    ta = TextAnswerer().fit(recs)
+    X, y = [], []
+    for r in recs:
+        ci = LETTERS.index(r["answer_letter"])
+        for i, f in enumerate(_option_features(r)): X.append(f); y.append(int(i == ci))
+    dv = DictVectorizer()
+    clf = LogisticRegression(C=1.0, max_iter=2000).fit(dv.fit_transform(X), y)
+    assert len(recs) > 100 and np.array_equal(clf.coef_, ta.clf.coef_) and np.array_equal(clf.intercept_, ta.clf.intercept_)
+    got = ta.probas(recs[:50])
+    want = clf.decision_function(dv.transform([f for r in recs[:50] for f in _option_features(r)])).reshape(50, -1)
+    assert all(int(np.argmax(g)) == int(np.argmax(w)) for g, w in zip(got, want))
