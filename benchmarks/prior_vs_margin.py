@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -60,10 +62,13 @@ def quantities(c):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--structures", default="results/measure/structures.parquet")
-    ap.add_argument("--scans", default="results/measure/scans.parquet")
-    ap.add_argument("--params", default="params.yaml")
+    root = Path(__file__).resolve().parents[1]          # defaults: this repository's files, from any folder
+    ap.add_argument("--structures", type=Path, default=root / "results/measure/structures.parquet")
+    ap.add_argument("--scans", type=Path, default=root / "results/measure/scans.parquet")
+    ap.add_argument("--params", type=Path, default=root / "params.yaml")
     args = ap.parse_args(argv)
+    missing = [str(p) for p in (args.structures, args.scans, args.params) if not p.is_file()]
+    if missing: sys.exit(f"prior_vs_margin: not found: {', '.join(missing)} (the measure stage writes the tables: dvc repro measure)")
     margins = yaml.safe_load(open(args.params))["generate"]["margins"]
     st = pd.read_parquet(args.structures)
     sc = pd.read_parquet(args.scans)
