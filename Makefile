@@ -25,7 +25,8 @@ setup: $(VENV)/.setup-done
 UV_PIP = $(VENV)/bin/uv pip install --python $(PY) -q
 $(VENV)/.setup-done: pyproject.toml scripts/setup_wordnet.sh scripts/setup_docs.sh
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile torch==2.13.0 uv
+	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q --no-compile uv || echo "setup: uv could not be installed; pip installs the rest"
 	$(UV_PIP) -e ".[dev]" || $(PY) -m pip install -q --no-compile -e ".[dev]"
 	# only the label table of TotalSegmentator is used (a test checks ours against it); no torch/nnU-Net
 	$(UV_PIP) --no-deps "totalsegmentator==2.18.0" || $(PY) -m pip install -q --no-compile --no-deps "totalsegmentator==2.18.0"
@@ -87,7 +88,7 @@ stage-times:
 
 # README.md is written from nbs/index.ipynb (tests/test_readme.py checks that it is up to date)
 readme:
-	$(PY) scripts/readme.py
+	$(PY) scripts/readme.py --dag
 
 # Optional, not part of `make test`: lmms-eval 0.7.3 from PyPI in its own venv (torch==2.13.0 first), every package pinned
 # by interop/constraints.txt (as measured to work), runs the exported task from a temporary working directory outside the

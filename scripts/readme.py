@@ -3,14 +3,85 @@
 The notebook's markdown cells become the README, separated by blank lines; a code cell is shown as a Python block
 unless it is marked `#| hide`. Run `python scripts/readme.py` (or `make readme`) after editing the notebook;
 tests/test_readme.py checks that README.md is what this writes.
+
+The pipeline diagram is one markdown cell of the notebook, written from `dvc dag` (`--dag`, which `make readme`
+passes): every stage, a `foreach` stage's members as one node, Track B's stages (`ctsvqa_*`) in a box of their own.
+tests/test_readme.py checks that the cell is what `dvc dag` gives for today's dvc.yaml.
 """
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DAG_MARK = "<!-- the pipeline, written from `dvc dag` by scripts/readme.py --dag: edit dvc.yaml, not this cell -->"
+
+
+def dag_edges(root: str | Path = ROOT) -> tuple[list[str], list[tuple[str, str]]]:
+    "(stages, edges) of `dvc dag` in `root`, a `foreach` stage's members as one stage (`--collapse-foreach-matrix`)."
+    out = subprocess.run(["dvc", "dag", "--dot", "--collapse-foreach-matrix"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    edges = re.findall(r'^"([^"]+)" -> "([^"]+)";$', out, re.M)
+    nodes = [n for n in re.findall(r'^"([^"]+)";$', out, re.M)]
+    return nodes, edges
+
+
+def reduce_edges(edges: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    "The edges no longer path of `edges` implies (transitive reduction of a DAG): the same order, fewer arrows."
+    succ: dict[str, set[str]] = {}
+    for a, b in edges: succ.setdefault(a, set()).add(b)
+    def reach(a: str, skip: tuple[str, str]) -> set[str]:
+        seen, todo = set(), [b for b in succ.get(a, ()) if (a, b) != skip]
+        while todo:
+            n = todo.pop()
+            if n not in seen: seen.add(n); todo.extend(succ.get(n, ()))
+        return seen
+    return [(a, b) for a, b in edges if b not in reach(a, (a, b))]
+
+
+def topological(nodes: list[str], edges: list[tuple[str, str]]) -> list[str]:
+    "`nodes` in an order where every edge points forward; among the nodes ready at once, by name."
+    into = {n: 0 for n in nodes}
+    for _, b in set(edges): into[b] += 1
+    ready, out = sorted(n for n, k in into.items() if k == 0), []
+    while ready:
+        n = ready.pop(0); out.append(n)
+        for a, b in sorted(set(edges)):
+            if a == n:
+                into[b] -= 1
+                if into[b] == 0: ready = sorted(ready + [b])
+    return out
+
+
+def dag_cell(root: str | Path = ROOT) -> str:
+    "The notebook cell that shows the pipeline: a Mermaid flowchart of `dvc dag`, each arrow one no other path implies."
+    nodes, edges = dag_edges(root)
+    rank = {n: i for i, n in enumerate(topological(nodes, edges))}      # dvc's own order varies from run to run
+    nodes, edges = sorted(nodes, key=rank.get), sorted(set(edges), key=lambda e: (rank[e[0]], rank[e[1]]))
+    foreach = set(re.findall(r"^  (\w+):\n    foreach:", (Path(root) / "dvc.yaml").read_text(), re.M))
+    ident = lambda n: re.sub(r"\W", "_", n)
+    label = lambda n: f"{n}@…" if n in foreach else n
+    box = lambda n: "data" if n.endswith(".dvc") else "B" if n.startswith("ctsvqa") else "A"
+    lines = [DAG_MARK, "", "```mermaid", "flowchart TD"]
+    for key, title in (("data", "external data"), ("A", "Track A: multiple choice and numbers from label maps"),
+                       ("B", "Track B: CT-SpatialVQA, free text from reports")):
+        lines += [f'  subgraph {key}["{title}"]'] + [f'    {ident(n)}["{label(n)}"]' for n in nodes if box(n) == key] + ["  end"]
+    lines += [f"  {ident(a)} --> {ident(b)}" for a, b in reduce_edges(edges)]
+    return "\n".join(lines + ["```"])
+
+
+def write_dag(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | Path = ROOT) -> bool:
+    "Rewrite the notebook's pipeline cell (the one that starts with `DAG_MARK`) from `dvc dag`; True if it changed."
+    nb = json.loads(Path(notebook).read_text())
+    cell = next(c for c in nb["cells"] if "".join(c["source"]).startswith(DAG_MARK))
+    new = dag_cell(root)
+    if "".join(cell["source"]) == new: return False
+    cell["source"] = new.splitlines(True)
+    Path(notebook).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return True
 
 
 def cell_text(cell: dict) -> str | None:
@@ -36,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/readme.py", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "README.md", help="where to write (default README.md)")
     ap.add_argument("--check", action="store_true", help="only compare README.md with the notebook")
+    ap.add_argument("--dag", action="store_true", help="first write the notebook's pipeline diagram from `dvc dag`")
     a = ap.parse_args(argv)
+    if a.dag and not a.check and write_dag(): print("wrote the pipeline diagram into nbs/index.ipynb")
     text = readme()
     if a.check:
         same = a.out.exists() and a.out.read_text() == text

@@ -26,12 +26,12 @@ from .retrieval import Retriever, passage, queries_for, report_passages, retriev
 from .validate import filter_report, is_right
 
 # %% auto #0
-__all__ = ['ANNOTATOR_SYSTEM', 'PLAUSIBLE_MM', 'CRITERIA', 'VALIDATOR_SYSTEM', 'SPECIALIST_ROLES', 'SPECIALIST_MIN_RIGHT',
-           'AGENT_FILTERS', 'anatomy_passages', 'default_corpus', 'record_queries', 'passages_text', 'annotator_prompt',
-           'Proposal', 'check_proposal', 'Annotator', 'validator_prompt', 'read_verdicts', 'validator_rule',
-           'ClinicalValidator', 'specialist_system', 'specialist_prompt', 'Specialist', 'make_specialists',
-           'specialist_answerer', 'specialist_rule', 'sample_records', 'AgentRun', 'run_agents', 'paraphrase_pairs',
-           'reason_counts', 'agents_report']
+__all__ = ['ANNOTATOR_SYSTEM', 'PLAUSIBLE_MM', 'VALIDATOR_CRITERIA', 'VALIDATOR_SYSTEM', 'SPECIALIST_ROLES',
+           'SPECIALIST_MIN_RIGHT', 'AGENT_FILTERS', 'anatomy_passages', 'default_corpus', 'record_queries',
+           'passages_text', 'annotator_prompt', 'Proposal', 'check_proposal', 'Annotator', 'validator_prompt',
+           'read_verdicts', 'validator_rule', 'ClinicalValidator', 'specialist_system', 'specialist_prompt',
+           'Specialist', 'make_specialists', 'specialist_answerer', 'specialist_rule', 'sample_records', 'AgentRun',
+           'run_agents', 'paraphrase_pairs', 'reason_counts', 'agents_report']
 
 # %% ../nbs/25_agents.ipynb #2050c8a3
 def _ml(v: float) -> str: return f"{v:,.0f} mL" if v >= 10 else f"{v:g} mL"
@@ -199,7 +199,7 @@ class Annotator:
         return res
 
 # %% ../nbs/25_agents.ipynb #d2f8ace2
-CRITERIA = ("medical_relevance", "plausible_values", "non_triviality")
+VALIDATOR_CRITERIA = ("medical_relevance", "plausible_values", "non_triviality")
 VALIDATOR_SYSTEM = "You are a senior radiologist reviewing benchmark questions. You reply with one JSON object only."
 _EXAMPLE = ('Question: What is the volume of the liver? Options: A. 150 mL B. 1,500 mL C. 15 mL D. 15,000 mL. Answer: B\n'
             '{"medical_relevance": {"verdict": "pass", "reason": "liver volume matters for hepatomegaly"}, '
@@ -217,7 +217,7 @@ def validator_prompt(record: Mapping) -> str:
 def read_verdicts(reply) -> dict[str, dict]:
     "Per criterion `{verdict: 'pass' | 'fail' | None, reason}` from the validator's parsed reply (or its parse error)."
     out = {}
-    for c in CRITERIA:
+    for c in VALIDATOR_CRITERIA:
         v = reply.get(c) if isinstance(reply, Mapping) else None
         verdict = v.get("verdict") if isinstance(v, Mapping) else v
         verdict = str(verdict).strip().lower() if isinstance(verdict, (str, bool)) else None
@@ -229,9 +229,9 @@ def read_verdicts(reply) -> dict[str, dict]:
 
 def validator_rule(verdicts: Mapping[str, Mapping]) -> tuple[bool, str]:
     "Remove when any criterion failed: (remove, reason naming the failed criteria and their reasons)."
-    failed = [c for c in CRITERIA if (verdicts.get(c) or {}).get("verdict") == "fail"]
+    failed = [c for c in VALIDATOR_CRITERIA if (verdicts.get(c) or {}).get("verdict") == "fail"]
     if failed: return True, "; ".join(f"{c} failed: {verdicts[c]['reason']}" for c in failed)
-    missing = [c for c in CRITERIA if (verdicts.get(c) or {}).get("verdict") is None]
+    missing = [c for c in VALIDATOR_CRITERIA if (verdicts.get(c) or {}).get("verdict") is None]
     return False, ("no verdict on " + ", ".join(missing)) if missing else "all criteria passed"
 
 class ClinicalValidator:
@@ -373,7 +373,7 @@ def run_agents(records: Sequence[Mapping], volumes: Mapping, annotator: Annotato
                             "specialists": {"answers": preds, "remove": s_rm, "reason": s_why,
                                             "passages": {s.name: s.cited.get(r["qid"], []) for s in specialists}} if specialists else None}}
         if v is not None: vrows.append({"qid": r["qid"], "task": r["task"], **{k: v[k] for k in ("remove", "reason", "valid_json", "raw")},
-                                        **{f"{c}_verdict": v["verdicts"][c]["verdict"] for c in CRITERIA}})
+                                        **{f"{c}_verdict": v["verdicts"][c]["verdict"] for c in VALIDATOR_CRITERIA}})
         if v is not None and v["remove"]: removed.append({**r, **extra, "removed_by": "clinical_validator", "reason": v["reason"]})
         elif s_rm: removed.append({**r, **extra, "removed_by": "specialists", "reason": s_why})
         else: kept.append({**r, **extra})
@@ -393,7 +393,7 @@ def run_agents(records: Sequence[Mapping], volumes: Mapping, annotator: Annotato
     if validator:
         summary["clinical_validator"] = {"valid_json": sum(v["valid_json"] for v in verd), "valid_json_share": share(sum(v["valid_json"] for v in verd)),
                                          "removed": sum(v["remove"] for v in verd),
-                                         "verdicts": {c: dict(Counter(str(v["verdicts"][c]["verdict"]) for v in verd)) for c in CRITERIA}}
+                                         "verdicts": {c: dict(Counter(str(v["verdicts"][c]["verdict"]) for v in verd)) for c in VALIDATOR_CRITERIA}}
     if specialists:
         summary["specialists"] = {s.name: {"model": getattr(s.llm, "name", None), "role": s.role,
                                            **_acc([r for r in records], answers[s.name])} for s in specialists}

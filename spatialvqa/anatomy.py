@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 # %% auto #0
 __all__ = ['TOTALSEG', 'HEAD_NECK', 'TARGETS', 'TUMOURS', 'EXTRA_LABELS', 'ALL_LABELS', 'NAME_TO_ID', 'LR_PAIRS', 'REGIONS',
-           'CATEGORIES', 'SYSTEMS', 'ANATOMY', 'SOURCES', 'SIDES', 'DEPTHS', 'LEVELS', 'REFERENCE',
+           'CATEGORIES', 'SYSTEMS', 'ANATOMY', 'REFERENCES', 'SIDES', 'DEPTHS', 'LEVELS', 'REFERENCE',
            'REFERENCE_VOLUMES_ML', 'LesionSource', 'Lesion', 'dataset_lesions', 'tumours_of', 'label_name', 'names_for',
            'side', 'counterpart', 'readable', 'LabelInfo', 'label_info', 'region', 'category', 'system', 'askable',
            'level_index', 'Reference', 'reference', 'reference_range', 'typical_volume']
@@ -287,7 +287,7 @@ def askable(name: str) -> bool:
     return _TARGET_NAME.match(name.strip()) is None
 
 # %% ../nbs/12_anatomy.ipynb #4b76e7fc
-SOURCES: dict[str, str] = {
+REFERENCES: dict[str, str] = {
     "ICRP89": "ICRP (2002) Publication 89: Basic anatomical and physiological data for use in radiological protection: reference values. Ann ICRP 32(3-4)",
     "Standring2020": "Standring S (ed.) (2020) Gray's Anatomy: The Anatomical Basis of Clinical Practice, 42nd ed. Elsevier",
     "Mirjalili2012": "Mirjalili SA, McFadden SL, Buckenham T, Wilson B, Stringer MD (2012) Anatomical planes: are we teaching accurate surface anatomy? Clin Anat 25:819-826",
@@ -332,7 +332,7 @@ class Reference:
     `plausible_ml`: what a real adult scan can show, common pathology included; `dims_mm`: name ->
     (typical, normal low, normal high); `side`: 'right' | 'left' | 'midline' (None: that of the host, for
     lesions); `levels`: (upper, lower) vertebral levels of its craniocaudal extent in a supine adult;
-    `depth`: the third of the trunk's depth it lies in; `sources`: keys of `SOURCES`; `head_mm`: for a structure of
+    `depth`: the third of the trunk's depth it lies in; `sources`: keys of `REFERENCES`; `head_mm`: for a structure of
     the head and neck, where vertebral levels and thirds of the trunk do not place it, its typical centre (RAS mm)
     in a frame whose origin is the centre of the atlas (C1) ring, z = 0 at C1 as `level_centre` counts."""
     name: str

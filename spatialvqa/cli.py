@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['STAGE_COMMANDS', 'number', 'scan_id_of', 'stage_notebook', 'stage_parameters', 'check_records', 'exec_stage',
+__all__ = ['STAGE_COMMANDS', 'lazy_number', 'scan_id_of', 'stage_notebook', 'stage_parameters', 'check_records', 'exec_stage',
            'read_json_list', 'add_stage_command', 'parser', 'main']
 
 # %% ../nbs/49_cli.ipynb #8517f92e
-def number(*args) -> Callable[[str], int | float]:
+def lazy_number(*args) -> Callable[[str], int | float]:
     "`core.number(*args)` as an argparse `type`, imported only when a value is parsed: `spatialvqa --help` loads no numpy."
     def parse(text: str):
         from spatialvqa.core import number as _number
@@ -364,7 +364,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
         if k == spec.get("positional"):
             p.add_argument(k, help=f"{note} (the pipeline's: {default})"); continue
         lo, hi = spec.get("bounds", {}).get(k, (0, None))
-        kind = {bool: _flag_text, int: number(int, lo, hi), float: number(float, lo, hi)}.get(type(default), str)
+        kind = {bool: _flag_text, int: lazy_number(int, lo, hi), float: lazy_number(float, lo, hi)}.get(type(default), str)
         p.add_argument("--" + k.replace("_", "-"), dest=k, type=kind, default=default, metavar=k.upper(),
                        help=f"{note + ' ' if note else ''}(default: {default if default not in ('', None) else 'none'})")
     if stage == "score":
@@ -401,7 +401,7 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     m.add_argument("--out", required=True, help="output JSON file (one label map); output folder (a manifest): "
                    "structures.parquet, scans.parquet, rejected.json, summary.json")
     m.add_argument("--no-components", action="store_true", help="skip counting connected components")
-    m.add_argument("--workers", type=number(int, 0), default=None, help="a manifest: worker processes (default: all cores; 0: in process)")
+    m.add_argument("--workers", type=lazy_number(int, 0), default=None, help="a manifest: worker processes (default: all cores; 0: in process)")
     m.set_defaults(func=_measure, prefetch=("labels", "image"))
     f = sub.add_parser("fetch", help="fetch pinned external data, verifying SHA-256")
     f.add_argument("source", nargs="+", help="source names (pyradiomics, totalsegmentator, ct-spatialvqa)")
@@ -412,9 +412,9 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     f.set_defaults(func=_fetch)
     g = sub.add_parser("phantom", help="generate the procedural phantom cohort")
     g.add_argument("--out", required=True)
-    g.add_argument("-n", type=number(int, 1, 100000), default=8, help="number of subjects (at least 1; default 8)")
-    g.add_argument("--seed", type=number(int, 0), default=0, help="cohort seed (default 0)")
-    g.add_argument("--workers", type=number(int, 0), default=None, help="worker processes (default: all cores; 0: in process)")
+    g.add_argument("-n", type=lazy_number(int, 1, 100000), default=8, help="number of subjects (at least 1; default 8)")
+    g.add_argument("--seed", type=lazy_number(int, 0), default=0, help="cohort seed (default 0)")
+    g.add_argument("--workers", type=lazy_number(int, 0), default=None, help="worker processes (default: all cores; 0: in process)")
     g.add_argument("--layout", choices=["cohort", "totalsegmentator"], default="cohort", help="cohort: the phantom stage's "
                    "own (cohort.json, truth, report); totalsegmentator: sNNNN/ct.nii.gz and segmentations/<structure>.nii.gz "
                    "(default: cohort)")

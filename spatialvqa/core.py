@@ -34,8 +34,8 @@ __all__ = ['SHARED', 'RESULT_DIGITS', 'OKABE_ITO', 'SERIES', 'GREY', 'PNG_METADA
            'check_params_file', 'get_logger', 'progress', 'OutputError', 'protect_inputs', 'check_output',
            'atomic_write', 'dumps', 'write_json', 'read_json', 'write_jsonl', 'append_jsonl', 'read_jsonl',
            'read_records', 'write_parquet', 'round_sig', 'write_csv', 'sha256_file', 'Outcome', 'parallel_map',
-           'thread_map', 'stable_hash', 'hex_to_rgb', 'series_colours', 'save_figure', 'wrap_label', 'clean_axes',
-           'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
+           'map_shares', 'thread_map', 'stable_hash', 'remember', 'hex_to_rgb', 'series_colours', 'save_figure',
+           'wrap_label', 'clean_axes', 'plot_grouped_ci', 'length_histogram', 'plot_length_distributions']
 
 # %% ../nbs/00_core.ipynb #c1de8d36
 def project_root(start: str | os.PathLike | None = None) -> Path:
@@ -461,6 +461,23 @@ def parallel_map(fn: Callable, items: Sequence, workers: int | None = None, sche
                 out[i] = Outcome(items[i], False, error=f"worker failed: {type(e).__name__}: {e}")
     return out
 
+# %% ../nbs/00_core.ipynb #ee14c38a
+def map_shares(fn: Callable, items: Sequence, workers: int = 1, key: Callable | None = None, what: str = "map_shares") -> list:
+    """`fn(share)` over shares of `items` (a list in, one result per item out), the results in the items' order. Items
+    with the same `key(item)` go to the same share (default: each its own group); groups are dealt round robin into
+    `workers` shares, each run in a process of its own (`parallel_map`; 0 or 1: one call here). A failed share raises
+    RuntimeError naming `what`."""
+    items = list(items)
+    if workers <= 1 or len(items) < 2: return list(fn(items))
+    groups: dict = {}
+    for i, it in enumerate(items): groups.setdefault(key(it) if key else i, []).append(i)
+    shares = [s for s in (sum(list(groups.values())[k::workers], []) for k in range(workers)) if s]
+    out: list = [None] * len(items)
+    for share, got in zip(shares, parallel_map(fn, [[items[i] for i in s] for s in shares], workers)):
+        if not got.ok: raise RuntimeError(f"{what}: {got.error}")
+        for i, v in zip(share, got.value): out[i] = v
+    return out
+
 # %% ../nbs/00_core.ipynb #914a0f86
 def thread_map(fn: Callable, items: Sequence, workers: int = 1) -> list:
     "`fn` over `items` in order, on up to `workers` threads (1: in this thread)."
@@ -473,6 +490,15 @@ def thread_map(fn: Callable, items: Sequence, workers: int = 1) -> list:
 def stable_hash(obj, n: int = 12) -> str:
     "A short, stable hex digest of any JSON-serialisable object (keys sorted), for ids and cache keys."
     return hashlib.sha256(dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
+
+# %% ../nbs/00_core.ipynb #317e1700
+def remember(cache: dict, key, compute: Callable, cap: int | None = None):
+    "`cache[key]`, from `compute()` the first time; a `cache` of `cap` entries is emptied before it takes another."
+    try: return cache[key]
+    except KeyError: pass
+    if cap is not None and len(cache) >= cap: cache.clear()
+    v = cache[key] = compute()
+    return v
 
 # %% ../nbs/00_core.ipynb #96b5118b
 OKABE_ITO: dict[str, str] = {"orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73", "yellow": "#F0E442",

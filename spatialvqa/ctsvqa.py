@@ -28,18 +28,18 @@ from .stats import bootstrap_cis, cluster_labels, cross_fit, percentile_interval
 
 # %% auto #0
 __all__ = ['JURY_THRESHOLD', 'TEXT_METRICS', 'BLEU_STATS', 'ITEM_METRICS', 'CLUSTERS', 'AUX_VERBS', 'QUESTION_TERMS',
-           'PRIOR_LEVELS', 'BLIND_SYSTEM', 'NEGATIONS', 'PROXY_METRICS', 'JUDGE_SYSTEM', 'JUDGE_PROMPT',
-           'JUDGE_MAX_TOKENS', 'jury_average', 'judgment_key', 'JuryResult', 'jury_accuracy', 'judges_of', 'flipped',
-           'check_alignment', 'correctness_matrix', 'read_correctness_matrix', 'write_correctness_matrix',
-           'category_accuracy', 'normalise_answer', 'exact_match', 'text_pairs', 'bleu_corpus', 'rouge_items',
-           'bleu_stats', 'bleu_from_stats', 'nltk_data_dirs', 'ensure_nltk_path', 'wordnet_missing', 'meteor_items',
-           'sbert_items', 'text_metric_items', 'text_summary', 'text_metrics', 'compare', 'save_table', 'markdown_note',
-           'ctrate_patient', 'question_clusters', 'category_accuracy_ci', 'text_metrics_ci', 'patient_of',
-           'question_lead', 'question_terms', 'question_keys', 'AnswerPrior', 'blind_llm_answers', 'blind_baselines',
-           'answer_polarity', 'answer_side', 'is_yes_no_question', 'answer_facet', 'facet_correct', 'facet_table',
-           'per_question', 'baseline_cell', 'judge_prompt', 'parse_verdict', 'judge_name', 'jury_of', 'JudgeSummary',
-           'judge_predictions', 'published_verdicts', 'judge_agreement', 'replay_judge_cache', 'release_items',
-           'release_category_table', 'make_judge', 'add_cli']
+           'PRIOR_LEVELS', 'BLIND_FREE_TEXT_SYSTEM', 'NEGATIONS', 'PROXY_METRICS', 'JUDGE_SYSTEM', 'JUDGE_PROMPT',
+           'JUDGE_MAX_TOKENS', 'jury_average', 'judgment_key', 'JuryResult', 'jury_accuracy', 'judges_of',
+           'verdicts_flipped', 'check_alignment', 'correctness_matrix', 'read_correctness_matrix',
+           'write_correctness_matrix', 'category_accuracy', 'normalise_answer', 'exact_match', 'text_pairs',
+           'bleu_corpus', 'rouge_items', 'bleu_stats', 'bleu_from_stats', 'nltk_data_dirs', 'ensure_nltk_path',
+           'wordnet_missing', 'meteor_items', 'sbert_items', 'text_metric_items', 'text_summary', 'text_metrics',
+           'compare', 'save_table', 'markdown_note', 'ctrate_patient', 'question_clusters', 'category_accuracy_ci',
+           'text_metrics_ci', 'ctrate_patient_of', 'question_lead', 'question_terms', 'question_keys', 'AnswerPrior',
+           'blind_llm_answers', 'blind_baselines', 'answer_polarity', 'answer_side', 'is_yes_no_question',
+           'answer_facet', 'facet_correct', 'facet_table', 'per_question', 'baseline_cell', 'judge_prompt',
+           'parse_verdict', 'judge_name', 'jury_of', 'JudgeSummary', 'judge_predictions', 'published_verdicts',
+           'judge_agreement', 'replay_judge_cache', 'release_items', 'release_category_table', 'make_judge', 'add_cli']
 
 # %% ../nbs/31_ctsvqa.ipynb #cf90cadb
 JURY_THRESHOLD = 0.66
@@ -140,7 +140,7 @@ def judges_of(verdicts: pd.DataFrame, model: str) -> list[list[dict]]:
     return [g[g["judge"] == j].sort_values("row").to_dict("records") for j in order]
 
 # %% ../nbs/31_ctsvqa.ipynb #e744b0ab
-def flipped(a: JuryResult, b: JuryResult) -> int:
+def verdicts_flipped(a: JuryResult, b: JuryResult) -> int:
     "Questions (by qid) that two jury results both scored and call differently (correct in one, not in the other)."
     x, y = a.items.set_index("qid")["correct"], b.items.set_index("qid")["correct"]
     common = x.index.intersection(y.index)
@@ -328,14 +328,14 @@ _METEOR_SEEN: dict[tuple[str, str], tuple[float, ...]] = {}   # (prediction, ref
 def _rouge_rows(ps: Sequence[str], rs: Sequence[str]) -> list[tuple[float, ...]]:
     return [tuple(x) for x in rouge_items(ps, rs).to_numpy(float).tolist()]
 
-def _remembered(seen: dict, ps: Sequence[str], rs: Sequence[str], fn: Callable) -> np.ndarray:
+def _per_distinct_pair(seen: dict, ps: Sequence[str], rs: Sequence[str], fn: Callable, width: int) -> np.ndarray:
     """`fn(ps, rs)` per pair, computed once per distinct pair (a constant answer meets each reference once, and
-    systems share answers) and remembered: both metrics are functions of the pair alone."""
+    systems share answers) and remembered in `seen` (emptied first when full): both metrics are functions of the pair
+    alone. An array of `width` values per pair."""
+    if len(seen) > 1_000_000: seen.clear()
     todo = [pr for pr in dict.fromkeys(zip(ps, rs)) if pr not in seen]
     if todo:
-        if len(seen) > 1_000_000: seen.clear()
         for pr, v in zip(todo, fn([p for p, _ in todo], [r for _, r in todo])): seen[pr] = tuple(np.atleast_1d(v).tolist())
-    width = len(next(iter(seen.values()))) if seen else 1
     return np.asarray([seen[pr] for pr in zip(ps, rs)], dtype=float).reshape(len(ps), width)
 
 ITEM_METRICS = ("exact_match", "rouge1_f", "rouge2_f", "rougeL_f", "meteor", "sbert_cosine")
@@ -350,12 +350,12 @@ def text_metric_items(predictions: Sequence[str | None], references: Sequence[st
     missing: dict[str, str] = {}
     if not ps: missing.update({k: "no items to score" for k in TEXT_METRICS})
     items["exact_match"] = np.asarray(exact_match(ps, rs), dtype=float)
-    for k, v in zip(("rouge1_f", "rouge2_f", "rougeL_f"), _remembered(_ROUGE_SEEN, ps, rs, _rouge_rows).T): items[k] = v
+    for k, v in zip(("rouge1_f", "rouge2_f", "rougeL_f"), _per_distinct_pair(_ROUGE_SEEN, ps, rs, _rouge_rows, 3).T): items[k] = v
     items["meteor"] = items["sbert_cosine"] = np.nan
     if ps:
         if not meteor: missing["meteor"] = "not requested"
         elif why := wordnet_missing(): missing["meteor"] = why
-        else: items["meteor"] = _remembered(_METEOR_SEEN, ps, rs, meteor_items)[:, 0]
+        else: items["meteor"] = _per_distinct_pair(_METEOR_SEEN, ps, rs, meteor_items, 1)[:, 0]
         if not sbert: missing["sbert_cosine"] = "not requested"
         elif why := sbert_missing(sbert_model): missing["sbert_cosine"] = why
         else: items["sbert_cosine"] = sbert_items(ps, rs, sbert_model, batch_size)
@@ -468,7 +468,7 @@ def text_metrics_ci(items: pd.DataFrame, clusters=None, n_boot: int = 2000, seed
     return pd.DataFrame(rows)
 
 # %% ../nbs/31_ctsvqa.ipynb #568e840f
-def patient_of(record: Mapping) -> str:
+def ctrate_patient_of(record: Mapping) -> str:
     "The CT-RATE patient of a question record's `volume`: the group that cross-fitting and the bootstrap keep together."
     return ctrate_patient(record["volume"])
 
@@ -551,16 +551,16 @@ class AnswerPrior:
         return [self.predict_one(r["question"])[0] for r in records]
 
 # %% ../nbs/31_ctsvqa.ipynb #e9d4d1b3
-BLIND_SYSTEM = ("You answer questions about a patient's chest CT scan, but you cannot see the scan or its report. "
+BLIND_FREE_TEXT_SYSTEM = ("You answer questions about a patient's chest CT scan, but you cannot see the scan or its report. "
                 "Give the single most likely answer in a short phrase, worded as a radiology report would word it. "
                 "No explanation.")
 
 def blind_llm_answers(questions: Sequence[str], llm, batch_size: int = 64, max_tokens: int = 48) -> list[str]:
-    "One answer per question from `llm` (the `spatialvqa.llm.LLM` protocol) given the question alone and `BLIND_SYSTEM`."
+    "One answer per question from `llm` (the `spatialvqa.llm.LLM` protocol) given the question alone and `BLIND_FREE_TEXT_SYSTEM`."
     out: list[str] = []
     qs = [str(q) for q in questions]
     for s in progress(range(0, len(qs), batch_size), total=-(-len(qs) // batch_size), desc=f"blind {llm.name}"):
-        got = llm.generate(qs[s:s + batch_size], max_tokens=max_tokens, temperature=0.0, system=BLIND_SYSTEM)
+        got = llm.generate(qs[s:s + batch_size], max_tokens=max_tokens, temperature=0.0, system=BLIND_FREE_TEXT_SYSTEM)
         if len(got) != len(qs[s:s + batch_size]): raise ValueError(f"{llm.name}: {len(got)} answers for {len(qs[s:s + batch_size])} questions")
         out += [str(a or "").strip() for a in got]
     return out
@@ -571,7 +571,7 @@ def blind_baselines(records: Sequence[dict], constants: Sequence[str] = ("No", "
     each constant, `most frequent answer` and `answer prior` (cross-fitted over `k` patient folds), `question echo`,
     and `text-only LLM` when `llm` is given."""
     out = {f"constant '{c}'": [c] * len(records) for c in constants}
-    group = group or patient_of
+    group = group or ctrate_patient_of
     out["most frequent answer"] = cross_fit(records, lambda tr, te: AnswerPrior(("all",)).fit(tr).predict(te), group, k, seed)[0]
     out["question echo"] = [str(r["question"]) for r in records]
     out["answer prior"] = cross_fit(records, lambda tr, te: AnswerPrior().fit(tr).predict(te), group, k, seed)[0]

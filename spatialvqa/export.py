@@ -36,7 +36,7 @@ __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE',
            'DEFAULT_VIEWS', 'read_views', 'export_frame', 'write_dataset_parquet', 'export_jsonl_parquet',
            'letter_counts', 'licence_text', 'dataset_card', 'write_dataset_card', 'module_statements',
            'lmms_utils_source', 'vlmevalkit_scorer_source', 'lmms_yaml', 'export_lmms_eval', 'load_utils',
-           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'check_name', 'read_scan_table',
+           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'check_stem', 'read_scan_table',
            'source_licences', 'add_cli']
 
 # %% ../nbs/46_export.ipynb #22470be8
@@ -558,7 +558,7 @@ def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[s
 
 DEFAULT_VIEWS = "data/views/three_views/index.jsonl"
 
-def check_name(name: str) -> str:
+def check_stem(name: str) -> str:
     "`name` when it is a plain file stem (letters, digits, '.', '_', '-'; no folder, no '..'); else a ValueError."
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(name)) or ".." in str(name):
         raise ValueError(f"--name {name!r}: must be a plain file name (letters, digits, '.', '_', '-'), not a path: "
@@ -601,7 +601,7 @@ def source_licences(records: Sequence[dict], scans: pd.DataFrame, licences: Mapp
     return out
 
 def _cli_export(a) -> int:
-    check_name(a.name)
+    check_stem(a.name)
     recs = read_records(a.benchmark)
     if not recs: raise ValueError(f"{a.benchmark}: no questions")
     for f in (f"{a.name}.jsonl", f"{a.name}.parquet"): check_output(Path(a.out) / f)     # refused outputs before any reading

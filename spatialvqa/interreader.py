@@ -27,7 +27,7 @@ from .scan import ScanError, Volume, _check_geometry, _nrrd_ras_sign, read_volum
 from .stats import mra
 
 # %% auto #0
-__all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'AXES', 'QUANTITY_COLUMNS', 'CLASS_EXAMPLES', 'our_name', 'read_mask',
+__all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'WORLD_AXES', 'QUANTITY_COLUMNS', 'CLASS_EXAMPLES', 'our_name', 'read_mask',
            'despeckle', 'ReaderMap', 'read_reader', 'two_reader_scans', 'measure_two_readers', 'paired', 'spreads',
            'pair_differences', 'derive_margins', 'margins_table', 'pair_side_differences', 'derive_pair_margins',
            'reader_tables', 'flip_study', 'flip_summary', 'holds', 'survival', 'held_out_flips', 'plot_interreader']
@@ -186,9 +186,9 @@ def measure_two_readers(root: str | Path, scan_ids: Sequence[str] | None = None,
     return st.reset_index(drop=True), sc.reset_index(drop=True)
 
 # %% ../nbs/28_interreader.ipynb #48ce3c9a
-AXES = ("x", "y", "z")
+WORLD_AXES = ("x", "y", "z")
 _EXTENT_COLS = ("extent_lr", "extent_ap", "extent_si")
-QUANTITY_COLUMNS: dict[str, list[str]] = {"volume": ["volume"], **{q: [f"{q}_{a}" for a in AXES] for q in MARGIN_QUANTITIES[1:]}}
+QUANTITY_COLUMNS: dict[str, list[str]] = {"volume": ["volume"], **{q: [f"{q}_{a}" for a in WORLD_AXES] for q in MARGIN_QUANTITIES[1:]}}
 
 def paired(structures: pd.DataFrame, a: str = READERS[0], b: str = READERS[1]) -> pd.DataFrame:
     """One row per scan and structure that readers `a` and `b` both contoured: its class, both voxel counts and
@@ -204,7 +204,7 @@ def paired(structures: pd.DataFrame, a: str = READERS[0], b: str = READERS[1]) -
     out["volume_a"], out["volume_b"] = A.volume_ml.to_numpy(), B.volume_ml.to_numpy()
     out["volume"] = np.log(B.volume_ml.to_numpy() / A.volume_ml.to_numpy())
     centre = lambda T, ax: (T[f"bbox_{ax}min"].to_numpy() + T[f"bbox_{ax}max"].to_numpy()) / 2
-    for ax, ext in zip(AXES, _EXTENT_COLS):
+    for ax, ext in zip(WORLD_AXES, _EXTENT_COLS):
         out[f"centroid_{ax}"] = B[f"centroid_{ax}"].to_numpy() - A[f"centroid_{ax}"].to_numpy()
         out[f"bbox_center_{ax}"] = centre(B, ax) - centre(A, ax)
         out[f"extent_{ax}"] = B[ext].to_numpy() - A[ext].to_numpy()
@@ -237,7 +237,7 @@ def pair_differences(structures: pd.DataFrame, a: str = READERS[0], b: str = REA
                  "distance_a": da, "distance_b": db, "distance": db - da}
             for pt in ("centroid", "bbox_center"):
                 off = lambda s: (np.asarray(s[x].centroid) - np.asarray(s[y].centroid)) if pt == "centroid" else s[x].bbox_center - s[y].bbox_center
-                r.update({f"offset_{pt}_{ax}": float(v) for ax, v in zip(AXES, off(S[b]) - off(S[a]))})
+                r.update({f"offset_{pt}_{ax}": float(v) for ax, v in zip(WORLD_AXES, off(S[b]) - off(S[a]))})
             rows.append(r)
     return pd.DataFrame(rows)
 
@@ -285,7 +285,7 @@ def margins_table(m: Margins) -> pd.DataFrame:
     for cls in STRUCTURE_CLASSES:
         r = {"class": cls, "volume_ln": m.of("volume", CLASS_EXAMPLES[cls])}
         r["volume_factor"] = math.exp(r["volume_ln"])
-        for q in MARGIN_QUANTITIES[1:]: r.update({f"{q}_{a}": float(v) for a, v in zip(AXES, m.of(q, CLASS_EXAMPLES[cls]))})
+        for q in MARGIN_QUANTITIES[1:]: r.update({f"{q}_{a}": float(v) for a, v in zip(WORLD_AXES, m.of(q, CLASS_EXAMPLES[cls]))})
         rows.append(r)
     return pd.DataFrame(rows)
 
@@ -301,13 +301,13 @@ def pair_side_differences(structures: pd.DataFrame, a: str = READERS[0], b: str 
             m = counterpart(n)
             if side(n) != "left" or m not in by.index or min(by.loc[n].voxels, by.loc[m].voxels) < min_voxels: continue
             rows.append({"scan_id": sid, "reader": reader, "stem": pair_stem(n), "ln_ratio": math.log(by.loc[n].volume_ml / by.loc[m].volume_ml),
-                         **{f"off_{ax}": float(by.loc[n][f"centroid_{ax}"] - by.loc[m][f"centroid_{ax}"]) for ax in AXES}})
-    t = pd.DataFrame(rows, columns=["scan_id", "reader", "stem", "ln_ratio", *(f"off_{ax}" for ax in AXES)])
+                         **{f"off_{ax}": float(by.loc[n][f"centroid_{ax}"] - by.loc[m][f"centroid_{ax}"]) for ax in WORLD_AXES}})
+    t = pd.DataFrame(rows, columns=["scan_id", "reader", "stem", "ln_ratio", *(f"off_{ax}" for ax in WORLD_AXES)])
     A, B = (t[t.reader == r].set_index(["scan_id", "stem"]) for r in (a, b))
     both = A.index.intersection(B.index).sort_values()
     out = pd.DataFrame(index=both)
     out["pair_volume"] = (B.loc[both, "ln_ratio"] - A.loc[both, "ln_ratio"]).to_numpy()
-    for ax in AXES: out[f"pair_centroid_{ax}"] = (B.loc[both, f"off_{ax}"] - A.loc[both, f"off_{ax}"]).to_numpy()
+    for ax in WORLD_AXES: out[f"pair_centroid_{ax}"] = (B.loc[both, f"off_{ax}"] - A.loc[both, f"off_{ax}"]).to_numpy()
     return out.round(9).reset_index()
 
 def derive_pair_margins(pdiffs: pd.DataFrame, percentile: float = 100, safety: float = 1.0, min_pairs: int = 20) -> dict:
@@ -317,7 +317,7 @@ def derive_pair_margins(pdiffs: pd.DataFrame, percentile: float = 100, safety: f
         if len(g) < min_pairs: continue
         q = lambda c, step: _ceil(safety * float(np.percentile(np.abs(g[c].to_numpy()), percentile)), step)
         out["pair_volume"][stem] = q("pair_volume", 0.01)
-        out["pair_centroid"][stem] = tuple(q(f"pair_centroid_{ax}", 0.1) for ax in AXES)
+        out["pair_centroid"][stem] = tuple(q(f"pair_centroid_{ax}", 0.1) for ax in WORLD_AXES)
     return out
 
 # %% ../nbs/28_interreader.ipynb #136a7f7a
@@ -456,7 +456,7 @@ def plot_interreader(diffs: pd.DataFrame, margins: Margins, before: pd.DataFrame
     classes = [c for c in _CLASS_ORDER if c in set(diffs["class"])]
     for k, (q, title) in enumerate((("bbox_center", "(b) Largest box-centre shift"), ("extent", "(c) Largest extent difference"))):
         ax = fig.add_subplot(gs[k, 1])
-        for j, (a, word, colour) in enumerate(zip(AXES, ("LR", "AP", "SI"), ("#0072B2", "#E69F00", "#009E73"))):
+        for j, (a, word, colour) in enumerate(zip(WORLD_AXES, ("LR", "AP", "SI"), ("#0072B2", "#E69F00", "#009E73"))):
             v = [float(np.abs(diffs[diffs["class"] == c][f"{q}_{a}"]).max()) for c in classes]
             ax.bar(np.arange(len(classes)) + (j - 1) * 0.27, v, 0.27, label=f"{a} ({word})", color=colour)
             rows += [{"panel": "bc"[k], "group": c, "axis": a, "what": f"max |{q} difference| mm", "value": x} for c, x in zip(classes, v)]

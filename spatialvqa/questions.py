@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, askable, counterpart, readable, reference_range, side
-from .core import dumps, get_logger, stable_hash
+from .core import dumps, get_logger, remember, stable_hash
 from .measure import Structure, bbox_center_distance, direction, measure_labels, offset
 
 # %% auto #0
@@ -855,6 +855,8 @@ class ScanContext:
     group: str = ""        # scans are compared across cases only within a group (same source)
     cut: dict[str, frozenset] = field(default_factory=dict)   # world axes along which the scan's faces cut a structure
     margins: Margins = NO_MARGINS   # inter-reader margins every question about the scan must respect
+    # searches whose answers depend on this scan alone (`remember`): the generator tries the same structure again and again
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def s(self, name: str) -> Structure: return self.structs[name]
 
@@ -999,7 +1001,7 @@ def _numeric_variants(t, tol, unit, rng, bounds=None, clear=None) -> list[list[d
     c = shown(t, unit)
     if c <= 0: ratios = (None, None)
     elif (memo := getattr(clear, "memo", None)) is not None:
-        ratios = _remembered(memo[0], ("ladder_ratios", memo[1], c, unit), lambda: ladder_ratios(c, tol, clear))
+        ratios = remember(memo[0].memo, ("ladder_ratios", memo[1], c, unit), lambda: ladder_ratios(c, tol, clear))
     else: ratios = ladder_ratios(c, tol, clear)
     out = []
     for k in range(4):
@@ -1015,15 +1017,8 @@ def _clear(c: ScanContext, sub: str, spec: dict) -> Callable[[object], bool] | N
     spec = {**spec, "spacing_mm": [list(c.geom.spacing)], "voxel_box_mm": [list(c.geom.voxel_box)],
             "margins": c.margins.for_spec(names, sub.split(".")[0])}
     far = lambda v: evaluate({"subtask": sub, "spec": {**spec, "options": [v]}}, [c.structs], robust=True)["truth"][0] is False
-    far.memo = (c, (sub, json.dumps(spec, sort_keys=True, default=str)))   # what `_remembered` files its results under
+    far.memo = (c, (sub, json.dumps(spec, sort_keys=True, default=str)))   # the key its searches are remembered under
     return far
-
-def _remembered(c: ScanContext, key: tuple, compute: Callable):
-    """`compute()`, once per scan context and `key`: the generator tries the same structure again and again, and the
-    ratios its options need (a search of robust checks) depend on nothing else."""
-    memo = c.__dict__.setdefault("_memo", {})
-    if key not in memo: memo[key] = compute()
-    return memo[key]
 
 def _edge(v: float, unit: str) -> str:
     return f"{v:g} {unit}"
@@ -1360,7 +1355,7 @@ def _g_ext_bbox(c, rng, focus, others=()):
     far = _clear(c, "EXT.bbox", {"a": a}) or (lambda x: True)
     ok = lambda f: _triple_distinct(box(f), e, c.geom) and far(box(f))
     r0 = MIN_RATIO * 1.02
-    down, up = _remembered(c, ("EXT.bbox", a), lambda: (_min_ratio(lambda r: ok(1 / r), r0), _min_ratio(ok, r0)))
+    down, up = remember(c.memo, ("EXT.bbox", a), lambda: (_min_ratio(lambda r: ok(1 / r), r0), _min_ratio(ok, r0)))
     hi = max(max(e), (plausible_length(a) or (0, max(e)))[1])
     txt = lambda x: " × ".join(fmt_number(v, "mm").split()[0] for v in x) + " mm"
     variants = []

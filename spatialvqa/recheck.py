@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import parallel_map
+import functools
+from .core import map_shares
 from .measure import Structure
 from .questions import evaluate
 
@@ -64,9 +65,8 @@ def structures_from_points(points: Mapping[int, np.ndarray], voxel_ml: float, re
         out[name] = Structure(label, name, len(p), len(p) * voxel_ml, tuple(p.mean(0)), tuple(p.min(0)), tuple(p.max(0)))
     return out
 
-def _recheck_rows(job: tuple) -> list[dict]:
-    "The rows of `recheck` for one share of the records: (records, root, rel_tol); each label map read once."
-    records, root, rel_tol = job
+def _recheck_rows(records: Sequence[Mapping], root: str | os.PathLike, rel_tol: float) -> list[dict]:
+    "The rows of `recheck` for one share of the records; each label map read once."
     cache, rows = {}, []
     for r in records:
         structs, readers = [], set()
@@ -89,16 +89,7 @@ def recheck(records: Sequence[Mapping], root: str | os.PathLike = ".", rel_tol: 
     SimpleITK measures them (`sitk_points`): one row per record with `qid`, `task`, `key` and `recomputed` (letter,
     or number for numeric questions), `agree` (the same letter; numbers within `rel_tol`), `reader`. `workers`:
     processes, each given whole scans (the records that read the same label maps), the rows in the records' order."""
-    records = list(records)
-    if workers <= 1 or len(records) < 2: rows = _recheck_rows((records, root, rel_tol))
-    else:
-        groups: dict[tuple, list[int]] = {}
-        for i, r in enumerate(records): groups.setdefault(tuple(r["label_maps"]), []).append(i)
-        shares = [sum(list(groups.values())[k::workers], []) for k in range(workers)]
-        shares = [s for s in shares if s]
-        rows = [None] * len(records)
-        for share, got in zip(shares, parallel_map(_recheck_rows, [([records[i] for i in s], root, rel_tol) for s in shares], workers)):
-            if not got.ok: raise RuntimeError(f"recheck: {got.error}")
-            for i, row in zip(share, got.value): rows[i] = row
+    rows = map_shares(functools.partial(_recheck_rows, root=root, rel_tol=rel_tol), records, workers,
+                      key=lambda r: tuple(r["label_maps"]), what="recheck")
     return pd.DataFrame(rows, columns=["qid", "task", "key", "recomputed", "agree", "reader"])
 

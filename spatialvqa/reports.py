@@ -22,7 +22,7 @@ from .scan import ScanError
 # %% auto #0
 __all__ = ['JUDGE_ORDER', 'RELEASE_CANDIDATES', 'CTSVQA_CATEGORIES', 'CATEGORY_ALIASES', 'CTRATE_REPO', 'CTRATE_REPORT_COLUMNS',
            'CTRATE_METADATA_COLUMNS', 'CTRATE_METADATA_FILES', 'CTRATE_REPORT_FILES', 'CTRATE_URL', 'CATEGORY_CUES',
-           'PAIRED_ORGANS', 'AUDIT_COLUMNS', 'QA_SYSTEM', 'QA_PROMPT', 'JUDGE_SYSTEM', 'JUDGE_PROMPT',
+           'PAIRED_ORGANS', 'AUDIT_COLUMNS', 'QA_SYSTEM', 'QA_PROMPT', 'AUDIT_SYSTEM', 'AUDIT_PROMPT',
            'ctsvqa_model_name', 'ctsvqa_judgment_name', 'find_ctsvqa_release', 'ctsvqa_release', 'ctsvqa_volume',
            'ctsvqa_qid', 'normalise_categories', 'read_ctsvqa_questions', 'read_ctsvqa_predictions',
            'read_ctsvqa_judgments', 'read_ctsvqa_reports', 'read_ctrate_reports', 'read_ctrate_metadata',
@@ -984,8 +984,8 @@ Reply with a JSON list and nothing else: [{{"question": "...", "answer": "..."}}
 Findings: {findings}
 Impressions: {impressions}"""
 
-JUDGE_SYSTEM = "You audit question-answer pairs written from radiology reports. You reply with JSON only."
-JUDGE_PROMPT = """Below is a CT report and numbered question-answer pairs written from it. Label every pair:
+AUDIT_SYSTEM = "You audit question-answer pairs written from radiology reports. You reply with JSON only."
+AUDIT_PROMPT = """Below is a CT report and numbered question-answer pairs written from it. Label every pair:
 - "is_spatial": true if answering it needs to know where something is in the body (side, lobe or segment, level,
   depth, distance from the midline, extent, or what it lies next to or inside); false if it only asks whether
   something is present, how large it is, what its condition is, or what the report says.
@@ -1008,7 +1008,7 @@ def qa_generation_prompt(report: dict, lo: int = 7, hi: int = 10) -> str:
 def pairs_judge_prompt(report: dict, pairs: Sequence[dict]) -> str:
     "The judge prompt for a batch of pairs of one report, numbered from 1."
     block = "\n".join(f"{i}. Q: {p['question']}\n   A: {p['answer']}" for i, p in enumerate(pairs, 1))
-    return JUDGE_PROMPT.format(volume=report.get("volume", ""), findings=report.get("findings") or "(none)",
+    return AUDIT_PROMPT.format(volume=report.get("volume", ""), findings=report.get("findings") or "(none)",
                                impressions=report.get("impressions") or "(none)", pairs=block)
 
 def parse_qa_pairs(text: str) -> tuple[list[dict], list[str]]:
@@ -1061,7 +1061,7 @@ def llm_judge_qa(records: Sequence[dict], reports: Sequence[dict], llm, batch_si
     batches = [(v, rs[i:i + batch_size]) for v, rs in groups.items() for i in range(0, len(rs), batch_size)]
     if missing := sorted({v for v, _ in batches if v not in by_vol}): raise KeyError(f"no report for {', '.join(missing[:3])}")
     texts = llm.generate([pairs_judge_prompt(by_vol[v], b) for v, b in batches], max_tokens=max_tokens, temperature=temperature,
-                         json_mode=True, system=JUDGE_SYSTEM)
+                         json_mode=True, system=AUDIT_SYSTEM)
     out, rejected = [], []
     for (v, batch), text in zip(batches, texts):
         try: joined = join_by_index(batch, parse_json(text), key="index", start=1)

@@ -523,7 +523,6 @@ def detectable_differences(scored: pd.DataFrame, alpha: float = 0.05, power: flo
     if per:   # MCA AVG: the mean of the tasks' differences, its variance a 25th of the sum of theirs
         k = len(per)
         avg = lambda f: float(np.sqrt(sum(f(cl, rho) ** 2 for cl, rho in per.values())) / k)
-        allq = sorted({x for t in per for x in per[t][0]})
         m = np.unique([c for cl, _ in per.values() for c in cl], return_counts=True)[1]
         rows.append(dict(task="MCA AVG", questions=sum(len(cl) for cl, _ in per.values()), patients=len(m),
                          effective_patients=float(m.sum() ** 2 / (m ** 2).sum()), icc=max(r for _, r in per.values()),

@@ -18,22 +18,20 @@ import pandas as pd
 
 from .core import atomic_write
 from .stats import cohen_kappa
-from .validate import review_sheet
+from .validate import INCLUDE_ABOVE, review_sheet
 
 # %% auto #0
-__all__ = ['CRITERIA', 'SCORE_MEANING', 'INCLUDE_ABOVE', 'READ_CRITERIA', 'reader_sheet', 'write_reader_sheet',
-           'read_reader_sheets', 'inclusion', 'pair_kappas', 'apply_review', 'clinical_read_sample',
-           'clinical_read_summary']
+__all__ = ['REVIEW_CRITERIA', 'SCORE_MEANING', 'READ_CRITERIA', 'reader_sheet', 'write_reader_sheet', 'read_reader_sheets',
+           'inclusion', 'pair_kappas', 'apply_review', 'clinical_read_sample', 'clinical_read_summary']
 
 # %% ../nbs/26_review.ipynb #3e6ac69a
-CRITERIA = ("clinical_logicality", "quantitative_consistency", "exhaustive_mutuality")
+REVIEW_CRITERIA = ("clinical_logicality", "quantitative_consistency", "exhaustive_mutuality")
 SCORE_MEANING = {0: "does not meet the criterion", 1: "minor issue", 2: "fully meets the criterion"}
-INCLUDE_ABOVE = 1.0      # included when the mean score (over readers and criteria) exceeds this
 
 def reader_sheet(records: Sequence[Mapping]) -> pd.DataFrame:
     "The sheet one reader fills: `validate.review_sheet`'s question columns, a blank column per criterion and a comment."
     df = review_sheet(list(records), raters=0)
-    for c in (*CRITERIA, "comment"): df[c] = ""
+    for c in (*REVIEW_CRITERIA, "comment"): df[c] = ""
     return df
 
 def write_reader_sheet(records: Sequence[Mapping], path: str | os.PathLike) -> Path:
@@ -50,12 +48,12 @@ def read_reader_sheets(paths: str | os.PathLike | Sequence[str | os.PathLike]) -
     for p, stem in zip(paths, stems):
         try: df = pd.read_csv(p, dtype=str, keep_default_na=False)
         except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e: raise ValueError(f"{p}: not a readable CSV sheet ({e})") from None
-        miss = [c for c in ("qid", *CRITERIA) if c not in df.columns]
+        miss = [c for c in ("qid", *REVIEW_CRITERIA) if c not in df.columns]
         if miss: raise ValueError(f"{p}: not a filled reader sheet (no {', '.join(miss)} column)")
         dup = df["qid"][df["qid"].duplicated()].tolist()
         if dup: raise ValueError(f"{p}: qid {dup[0]} appears more than once")
         reader = stem if stems.count(stem) == 1 else str(p)
-        for c in CRITERIA:
+        for c in REVIEW_CRITERIA:
             for q, v in zip(df["qid"], df[c].str.strip()):
                 if v == "": continue
                 if v not in ("0", "1", "2", "0.0", "1.0", "2.0"): raise ValueError(f"{p}: {c} of {q} is {v!r}; scores are 0, 1 or 2")
@@ -65,10 +63,10 @@ def read_reader_sheets(paths: str | os.PathLike | Sequence[str | os.PathLike]) -
 # %% ../nbs/26_review.ipynb #a59f5490
 def inclusion(scores: pd.DataFrame) -> pd.DataFrame:
     "Per rated qid: mean score, readers, per-criterion means and `included` (mean > 1.0)."
-    if scores.empty: return pd.DataFrame(columns=["qid", "mean_score", "readers", *CRITERIA, "included"]).set_index("qid")
+    if scores.empty: return pd.DataFrame(columns=["qid", "mean_score", "readers", *REVIEW_CRITERIA, "included"]).set_index("qid")
     g = scores.groupby("qid")
     out = pd.DataFrame({"mean_score": g["score"].mean().round(4), "readers": g["reader"].nunique()})
-    out = out.join(scores.pivot_table(index="qid", columns="criterion", values="score", aggfunc="mean").reindex(columns=list(CRITERIA)).round(4))
+    out = out.join(scores.pivot_table(index="qid", columns="criterion", values="score", aggfunc="mean").reindex(columns=list(REVIEW_CRITERIA)).round(4))
     out["included"] = out["mean_score"] > INCLUDE_ABOVE
     return out
 
@@ -79,7 +77,7 @@ def pair_kappas(scores: pd.DataFrame, weights: str | None = None) -> pd.DataFram
     wide = scores.pivot_table(index=["qid", "criterion"], columns="reader", values="score", aggfunc="first") if len(scores) else None
     for a, b in itertools.combinations(readers, 2):
         both = wide[[a, b]].dropna()
-        for crit in (*CRITERIA, "all"):
+        for crit in (*REVIEW_CRITERIA, "all"):
             part = both if crit == "all" else both[both.index.get_level_values("criterion") == crit]
             k = cohen_kappa(part[a].astype(int), part[b].astype(int), labels=[0, 1, 2], weights=weights) if len(part) else float("nan")
             rows.append({"reader_a": a, "reader_b": b, "criterion": crit, "n": len(part),
@@ -103,7 +101,7 @@ def apply_review(records: Sequence[Mapping], scores: pd.DataFrame, unrated: str 
             continue
         row = inc.loc[q]
         rv = {"mean_score": float(row["mean_score"]), "readers": int(row["readers"]),
-              **{c: None if pd.isna(row[c]) else float(row[c]) for c in CRITERIA}}
+              **{c: None if pd.isna(row[c]) else float(row[c]) for c in REVIEW_CRITERIA}}
         if row["included"]: kept.append({**r, "review": rv})
         else: removed.append({**r, "review": rv, "removed_by": "review",
                               "reason": f"radiologist review: mean score {row['mean_score']:.2f} <= {INCLUDE_ABOVE}"})

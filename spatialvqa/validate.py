@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import REFERENCE, reference_range, typical_volume
-from .core import Outcome, _json_default, atomic_write, dumps, get_logger, parallel_map, stable_hash
+from .core import _json_default, atomic_write, dumps, get_logger, map_shares, remember, stable_hash
 from .stats import bootstrap_ci, cohen_kappa, cross_fit as cross_fit_by, fleiss_kappa, wilson
 from .counterfactual import pair_key, scan_family
 from .measure import Structure
@@ -34,7 +34,7 @@ from .questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, evaluate, geometry
                                   markdown_table, measured_structure, structure_from_row, to_frame)
 
 # %% auto #0
-__all__ = ['BORDER', 'REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'ANSWERER_GROUP',
+__all__ = ['BORDER', 'RIGHT_REL_TOL', 'BLIND_SYSTEM', 'RULES', 'SOFT_MAJORITY', 'RULE_NAMES', 'ANSWERERS', 'ANSWERER_GROUP',
            'CHANCE_TOL', 'CHANCE_ROUNDS', 'CHANCE_DRIFT', 'CHANCE_SPLITS', 'PROTECT_WEIGHT', 'FAMILY_CAP',
            'LETTER_SLACK', 'MILP_TIME_LIMIT', 'FILTERS', 'SCORES', 'INCLUDE_ABOVE', 'structure_problems', 'involved',
            'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard', 'dedup', 'is_right',
@@ -155,9 +155,9 @@ def dedup(records: Sequence[dict], threshold: float = 0.9) -> tuple[list[dict], 
     return kept, removed
 
 # %% ../nbs/24_validate.ipynb #f12ec945
-REL_TOL = 0.25
+RIGHT_REL_TOL = 0.25
 
-def is_right(record: dict, pred, rel_tol: float = REL_TOL) -> bool:
+def is_right(record: dict, pred, rel_tol: float = RIGHT_REL_TOL) -> bool:
     "True when `pred` (a letter, or a number for numeric questions) answers `record` correctly."
     if pred is None: return False
     if record["format"] == "mc": return str(pred).strip().upper() == record["answer_letter"]
@@ -172,9 +172,7 @@ def _guess(record: dict, seed: int, among: Sequence[int] | None = None) -> int:
     answerer sees (the question and its options, not the qid): a question and its counterfactual twin get the same."""
     among = list(range(len(record.get("options") or LETTERS))) if among is None else list(among)
     key = (int(seed), record.get("question"), tuple(record.get("options") or ()))
-    if (h := _GUESS_HASH.get(key)) is None:                # the filter asks again for every split and round
-        if len(_GUESS_HASH) > 500_000: _GUESS_HASH.clear()
-        h = _GUESS_HASH[key] = int(stable_hash([key[0], key[1], list(key[2])]), 16)
+    h = remember(_GUESS_HASH, key, lambda: int(stable_hash([key[0], key[1], list(key[2])]), 16), cap=500_000)  # asked every split and round
     return among[h % len(among)]
 
 # %% ../nbs/24_validate.ipynb #9f601ae0
@@ -337,16 +335,6 @@ def option_features(r: dict) -> list[dict[str, float]]:
         out.append(f)
     return out
 
-_FEATURE_CACHE: dict[tuple, list[dict[str, float]]] = {}
-
-def _option_features(r: dict) -> list[dict[str, float]]:
-    "`option_features`, remembered by the text it reads (the filter's rounds and splits ask again and again)."
-    key = (r["subtask"], r["question"], tuple(r["options"]))
-    if key not in _FEATURE_CACHE:
-        if len(_FEATURE_CACHE) > 200_000: _FEATURE_CACHE.clear()
-        _FEATURE_CACHE[key] = option_features(r)
-    return _FEATURE_CACHE[key]
-
 def question_features(r: dict) -> dict[str, float]:
     "Features of a question's text, for numeric answers."
     f = {f"s:{r['subtask']}": 1.0}
@@ -369,12 +357,10 @@ def feature_codes(feats: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(ids, np.int64), np.array([float(v) for v in feats.values()], np.float64)
 
 def _option_codes(r: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-    "`feature_codes` of each option's `_option_features`, remembered with them."
-    key = (r["subtask"], r["question"], tuple(r["options"]))
-    if key not in _CODE_CACHE:
-        if len(_CODE_CACHE) > 200_000: _CODE_CACHE.clear()
-        _CODE_CACHE[key] = [feature_codes(f) for f in _option_features(r)]
-    return _CODE_CACHE[key]
+    """`feature_codes` of each option's `option_features`, remembered by the text they read (the filter's rounds and
+    splits ask again and again)."""
+    return remember(_CODE_CACHE, (r["subtask"], r["question"], tuple(r["options"])),
+                    lambda: [feature_codes(f) for f in option_features(r)], cap=200_000)
 
 class FeatureMatrix:
     "`DictVectorizer().fit_transform` / `.transform` over `feature_codes` rows: the same CSR matrix, built with numpy."
@@ -839,14 +825,14 @@ def cross_fit_answerers(records: Sequence[dict], answerers: Sequence, folds: int
         for r, e in zip(records, got): out[r["qid"]][a.name] = e
     return out
 
-def vote(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> float:
+def vote(record: dict, entry: Mapping, rel_tol: float = RIGHT_REL_TOL) -> float:
     "One answerer's vote: the probability it gives the correct option, or 1/0 for right/wrong without probabilities."
     if record["format"] == "mc" and entry.get("proba") is not None:
         return float(entry["proba"][LETTERS.index(record["answer_letter"])])
     return float(is_right(record, entry["pred"], rel_tol))
 
 def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majority",
-            rel_tol: float = REL_TOL) -> tuple[bool, str]:
+            rel_tol: float = RIGHT_REL_TOL) -> tuple[bool, str]:
     "Whether the blind answers `entries` (one `cross_fit_answerers` row) make `record` trivial under `rule`, and why."
     if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
     answered = [e for e in entries.values() if e["pred"] is not None]
@@ -858,7 +844,7 @@ def trivial(record: dict, entries: Mapping[str, Mapping], rule: str = "soft_majo
     return RULES[rule](k, len(answered)), f"{k} of {len(answered)} blind answerers right ({rule})"
 
 # %% ../nbs/24_validate.ipynb #2f73198a
-def expected_right(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> float:
+def expected_right(record: dict, entry: Mapping, rel_tol: float = RIGHT_REL_TOL) -> float:
     """How often a blind answer `entry` (`pred`, `proba`) is right when its ties are broken by a fair coin: with option
     probabilities, 1/m when the correct option is among the m most probable ones, else 0 (an answerer that draws its
     answer from its probabilities, `sampled`, is right with the correct option's probability); without them, 1 or 0."""
@@ -870,7 +856,7 @@ def expected_right(record: dict, entry: Mapping, rel_tol: float = REL_TOL) -> fl
     return float(is_right(record, entry.get("pred"), rel_tol))
 
 def blind_answers(records: Sequence[dict], answerers: Sequence, folds: int = 2, seeds: Sequence[int] = (0,),
-                  rel_tol: float = REL_TOL) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, float]]]:
+                  rel_tol: float = RIGHT_REL_TOL) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, float]]]:
     """`(preds, right)`: the `cross_fit_answerers` answers on the first scan split of `seeds`, and per qid and answerer the
     `expected_right` averaged over the cross-fits on every split of `seeds` (answerers that need no fitting, the
     leave-one-out atlas among them, answer once): how often the answerer is right on the question, whatever the split
@@ -1158,9 +1144,8 @@ def filter_report(records: Sequence[dict], removed: Sequence[dict], filters: Seq
     return df.astype({c: int for c in ["questions", *filters, "kept"]})
 
 # %% ../nbs/24_validate.ipynb #41b2c011
-def _loo_keep(job: tuple) -> list[list[bool]]:
-    "The chance filter's keep flags for a share of `leave_one_out`'s problems ((records, answerers), keywords)."
-    problems, kw = job
+def _loo_keep(problems: Sequence[tuple], **kw) -> list[list[bool]]:
+    "The chance filter's keep flags for a share of `leave_one_out`'s problems, each (records, answerers)."
     return [list(chance_subsample(rs, {}, others, **kw)) for rs, others in problems]
 
 def leave_one_out(records: Sequence[dict], right: Mapping[str, Mapping[str, float]], names: Sequence[str],
@@ -1179,14 +1164,7 @@ def leave_one_out(records: Sequence[dict], right: Mapping[str, Mapping[str, floa
             if rs: jobs.append((held, t, rs, others))
     kw = dict(tol=tol, protect=protect, seed=seed, groups=pair_key, right=right, method=method,
               protect_weight=protect_weight, family_cap=family_cap)
-    n = max(int(workers), 1)
-    shares = [s for s in (list(range(len(jobs)))[k::n] for k in range(n)) if s]
-    work = [([(jobs[i][2], jobs[i][3]) for i in s], kw) for s in shares]
-    outs = [Outcome(w, True, _loo_keep(w)) for w in work] if len(work) <= 1 else parallel_map(_loo_keep, work, n)
-    keeps: list = [None] * len(jobs)
-    for s, got in zip(shares, outs):
-        if not got.ok: raise RuntimeError(f"leave_one_out: {got.error}")
-        for i, k in zip(s, got.value): keeps[i] = k
+    keeps = map_shares(functools.partial(_loo_keep, **kw), [(j[2], j[3]) for j in jobs], int(workers), what="leave_one_out")
     rows = []
     for (held, t, rs, _), keep in zip(jobs, keeps):
         ks = [r for r, k in zip(rs, keep) if k]
@@ -1223,7 +1201,7 @@ def pair_summary(kept: Sequence[dict], records: Sequence[dict] = ()) -> dict:
     return {"before": count(records), "kept": count(kept)}
 
 # %% ../nbs/24_validate.ipynb #e34a1240
-def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = REL_TOL,
+def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = RIGHT_REL_TOL,
                    pooled: bool = True) -> dict:
     """Per answerer (answers as `cross_fit_answerers` gives them), on multiple-choice and on numeric questions: n, accuracy
     (share right) and its 95 % Wilson interval; with `pooled`, 'mean' pools all answerers. Chance on multiple choice is 1/4."""
@@ -1239,7 +1217,7 @@ def blind_accuracy(records: Sequence[dict], preds: Mapping[str, Mapping[str, Map
         out[fmt] = d
     return out
 
-def blind_by_task(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = REL_TOL) -> dict:
+def blind_by_task(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], rel_tol: float = RIGHT_REL_TOL) -> dict:
     """Per task and answerer: n, accuracy and its 95 % Wilson interval, and chance (1/k for multiple choice; None for
     numeric questions, where accuracy is the share within `rel_tol`)."""
     out: dict = {}
@@ -1255,7 +1233,7 @@ def blind_by_task(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapp
     return out
 
 def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prior", "text", "atlas"), folds: int = 2,
-                seed: int = 0, rel_tol: float = REL_TOL) -> dict:
+                seed: int = 0, rel_tol: float = RIGHT_REL_TOL) -> dict:
     """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan), and the same
     per task (`by_task`, `blind_by_task`): do the questions of a set still carry shortcuts that a blind answerer can
     learn from that set?"""
@@ -1268,7 +1246,7 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
              plausible: bool = True, min_voxels: int = MIN_VOXELS, ranges: bool = True, border: bool = True,
              max_components: int | None = None, dedup_threshold: float | None = 0.9,
              answerers: str | Sequence[str] = ("prior", "text"), llm=None, rule: str = "soft_majority",
-             folds: int = 2, seed: int = 0, rel_tol: float = REL_TOL,
+             folds: int = 2, seed: int = 0, rel_tol: float = RIGHT_REL_TOL,
              audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
              protect: Callable[[dict], bool] | None = None, splits: int = CHANCE_SPLITS, tol: float = CHANCE_TOL,
              method: str = "ilp", family_cap: float | None = FAMILY_CAP, protect_weight: float = PROTECT_WEIGHT,

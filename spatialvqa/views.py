@@ -26,14 +26,14 @@ from .core import OKABE_ITO as OKABE_ITO_PALETTE, atomic_write, hex_to_rgb, numb
 from .scan import Scan, Volume, read_scan, read_volume, reorient
 
 # %% auto #0
-__all__ = ['WINDOWS', 'PRESETS', 'VIEWS', 'MARKERS', 'OKABE_ITO_NAMES', 'OKABE_ITO', 'AIR_HU', 'REPRESENTATIONS', 'VIEWS_VERSION',
-           'RENDERS', 'MIN_SIZE', 'MAX_SIZE', 'orient_to', 'lerp_axis', 'half_pixel', 'resize_linear', 'nearest_index',
-           'window_range', 'grey_levels', 'apply_window', 'Preset', 'SliceStackPreset', 'RadFMPreset', 'CTCLIPPreset',
-           'MerlinPreset', 'MedGemmaPreset', 'preset', 'presets_table', 'plane_points', 'sample_points', 'sample_plane',
-           'resolve_structures', 'structure_points', 'ViewImage', 'render_views', 'grid_heights', 'render_grid',
-           'RenderedInput', 'check_representation', 'render_params', 'make_input', 'file_digest', 'item_key',
-           'CachedInput', 'get_or_render', 'render_records', 'group_by_scan', 'representation_slug', 'contact_sheet',
-           'add_cli']
+__all__ = ['WINDOWS', 'PRESETS', 'VIEWS', 'MARKERS', 'OKABE_ITO_NAMES', 'OKABE_ITO_RGB', 'AIR_HU', 'REPRESENTATIONS',
+           'VIEWS_VERSION', 'RENDERS', 'MIN_SIZE', 'MAX_SIZE', 'orient_to', 'lerp_axis', 'half_pixel', 'resize_linear',
+           'nearest_index', 'window_range', 'grey_levels', 'apply_window', 'Preset', 'SliceStackPreset', 'RadFMPreset',
+           'CTCLIPPreset', 'MerlinPreset', 'MedGemmaPreset', 'preset', 'presets_table', 'plane_points', 'sample_points',
+           'sample_plane', 'resolve_structures', 'structure_points', 'ViewImage', 'render_views', 'grid_heights',
+           'render_grid', 'RenderedInput', 'check_representation', 'render_params', 'make_input', 'file_digest',
+           'item_key', 'CachedInput', 'get_or_render', 'render_records', 'group_by_scan', 'representation_slug',
+           'contact_sheet', 'add_cli']
 
 # %% ../nbs/40_views.ipynb #b0316bd4
 def orient_to(vol: Volume, axcodes: str | Sequence[str]) -> Volume:
@@ -327,7 +327,7 @@ _PLANES = {"axial": ((0, -1), (1, -1), 2), "coronal": ((0, -1), (2, -1), 1), "sa
 MARKERS = {"axial": ("R", "L", "A", "P"), "coronal": ("R", "L", "S", "I"), "sagittal": ("A", "P", "S", "I")}  # left, right, top, bottom
 # outline colours: the shared Okabe-Ito palette (spatialvqa.core) less black, as RGB for drawing into images
 OKABE_ITO_NAMES = tuple(n for n in OKABE_ITO_PALETTE if n != "black")
-OKABE_ITO = tuple(hex_to_rgb(OKABE_ITO_PALETTE[n]) for n in OKABE_ITO_NAMES)
+OKABE_ITO_RGB = tuple(hex_to_rgb(OKABE_ITO_PALETTE[n]) for n in OKABE_ITO_NAMES)
 AIR_HU = -1024.0
 
 def plane_points(view: str, center_mm, fov_mm: float, size: int) -> np.ndarray:
@@ -507,9 +507,9 @@ def render_views(scan: Scan | tuple | Mapping, structures: Sequence[str | int], 
         drawn = []
         for k, (name, lid) in enumerate(named):
             m = lab == lid
-            colour = OKABE_ITO[k % len(OKABE_ITO)]
+            colour = OKABE_ITO_RGB[k % len(OKABE_ITO_RGB)]
             if label and m.any(): rgb[_outline(m, width)] = colour
-            drawn.append({"name": name, "label": lid, "readable": _readable(name), "colour": OKABE_ITO_NAMES[k % len(OKABE_ITO)],
+            drawn.append({"name": name, "label": lid, "readable": _readable(name), "colour": OKABE_ITO_NAMES[k % len(OKABE_ITO_RGB)],
                           "rgb": list(colour), "visible": bool(m.any()), "pixels": int(m.sum())})
         if label:
             left, right, top, bottom = MARKERS[view]
@@ -583,7 +583,7 @@ def render_grid(scan: Scan | tuple | Mapping, structures: Sequence[str | int] = 
         rgb = np.repeat(grey[..., None], 3, axis=-1)
         for k, (name, lid) in enumerate(named):
             m = lab == lid
-            if label and m.any(): rgb[_outline(m, 1)] = OKABE_ITO[k % len(OKABE_ITO)]
+            if label and m.any(): rgb[_outline(m, 1)] = OKABE_ITO_RGB[k % len(OKABE_ITO_RGB)]
             drawn.setdefault(name, []).append(bool(m.any()))
         r, c = divmod(t, cols)
         canvas[r * tile:(r + 1) * tile, c * tile:(c + 1) * tile] = rgb
@@ -597,8 +597,8 @@ def render_grid(scan: Scan | tuple | Mapping, structures: Sequence[str | int] = 
             "slice_mm": [round(float(z), 3) for z in zs], "fov_mm": round(fov, 3), "pixel_mm": round(fov / tile, 4),
             "window_hu": list(window_range(window)), "outlined": bool(label), "order": "superior first, row by row",
             "orientation": {"left": "R", "right": "L", "top": "A", "bottom": "P"},
-            "structures": [{"name": nm, "label": lid, "readable": _readable(nm), "colour": OKABE_ITO_NAMES[k % len(OKABE_ITO)],
-                            "rgb": list(OKABE_ITO[k % len(OKABE_ITO)]), "visible_in": [i + 1 for i, v in enumerate(drawn.get(nm, [])) if v]}
+            "structures": [{"name": nm, "label": lid, "readable": _readable(nm), "colour": OKABE_ITO_NAMES[k % len(OKABE_ITO_RGB)],
+                            "rgb": list(OKABE_ITO_RGB[k % len(OKABE_ITO_RGB)]), "visible_in": [i + 1 for i, v in enumerate(drawn.get(nm, [])) if v]}
                            for k, (nm, lid) in enumerate(named)]}
     return ViewImage("grid", canvas, labs, meta)
 

@@ -100,7 +100,7 @@ def fake_agents(body) -> str:
     if sysm == A.VALIDATOR_SYSTEM:
         fail = "How big is the spleen" in user
         return json.dumps({c: {"verdict": "fail" if fail and c == "non_triviality" else "pass",
-                               "reason": "a textbook value answers it" if fail else "fine"} for c in A.CRITERIA})
+                               "reason": "a textbook value answers it" if fail else "fine"} for c in A.VALIDATOR_CRITERIA})
     role = next(r for r in A.SPECIALIST_ROLES if f"expert {r} " in sysm)
     if "volume of the liver?" in user: return {"anatomist": "C", "radiologist": "The answer is C.", "medical physicist": "A"}[role]
     if "volume of the spleen?" in user: return {"anatomist": "B", "radiologist": "D", "medical physicist": "no idea"}[role]

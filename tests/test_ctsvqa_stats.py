@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spatialvqa.ctsvqa import (AnswerPrior, BLIND_SYSTEM, answer_facet, answer_polarity, answer_side, blind_baselines,
+from spatialvqa.ctsvqa import (AnswerPrior, BLIND_FREE_TEXT_SYSTEM, answer_facet, answer_polarity, answer_side, blind_baselines,
                                bleu_corpus, bleu_from_stats, bleu_stats, category_accuracy, category_accuracy_ci, ctrate_patient,
-                               facet_correct, facet_table, patient_of, text_metric_items, text_metrics_ci, text_summary)
+                               facet_correct, facet_table, ctrate_patient_of, text_metric_items, text_metrics_ci, text_summary)
 from spatialvqa.stats import (bootstrap_ci, bootstrap_cis, bootstrap_means, cross_fit, group_folds, holm, length_stats, mcnemar,
                               paired_bootstrap_diff, pairwise_tests)
 
@@ -169,13 +169,13 @@ def test_cross_fitting_never_trains_on_the_evaluated_volumes_or_patients():
         assert len(train) + len(test) == len(qs)
         calls.append(len(test))
         return [r["qid"] for r in test]
-    preds, folds = cross_fit(qs, spy, patient_of, k=4, seed=1)
+    preds, folds = cross_fit(qs, spy, ctrate_patient_of, k=4, seed=1)
     assert preds == [r["qid"] for r in qs] and sum(calls) == len(qs) and len(calls) == 4
     assert sorted(set(folds.values())) == [0, 1, 2, 3] and set(folds) == {f"valid_{p}" for p in range(12)}
     assert group_folds(list(folds), 4, 1) == folds                       # deterministic
     with pytest.raises(ValueError, match="cannot fill"): group_folds(["a", "b"], 3)
     # the prior learns only from other patients: a patient-specific answer is never predicted for its own patient
-    prior, _ = cross_fit(qs, lambda tr, te: AnswerPrior().fit(tr).predict(te), patient_of, k=4)
+    prior, _ = cross_fit(qs, lambda tr, te: AnswerPrior().fit(tr).predict(te), ctrate_patient_of, k=4)
     for r, p in zip(qs, prior):
         if r["question"].startswith("What is the size"): assert p != r["answer"]
 
@@ -201,7 +201,7 @@ def test_text_only_llm_baseline_through_spatialvqa_llm():
     assert len(srv.requests) == len(qs)
     # the client's worker threads reach the server in any order: find the first question's request
     msgs = [r["body"]["messages"] for r in srv.requests if r["body"]["messages"][-1]["content"] == qs[0]["question"]]
-    assert len(msgs) >= 1 and msgs[0][0] == {"role": "system", "content": BLIND_SYSTEM} and len(msgs[0]) == 2
+    assert len(msgs) >= 1 and msgs[0][0] == {"role": "system", "content": BLIND_FREE_TEXT_SYSTEM} and len(msgs[0]) == 2
 
 
 # --- the jury proxy ----------------------------------------------------------------------------------------------

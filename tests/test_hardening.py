@@ -730,6 +730,7 @@ def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
     before = tree(tmp_path)
     refused(cli("measure", tmp_path / "scaled.nii.gz", "--out", tmp_path / "m.json"), "measure",
             "scaled.nii.gz: the header scales the stored values (scl_slope 2, scl_inter 0)")
+    assert tree(tmp_path) == before
     a = np.asarray(nib.load(str(ct)).dataobj).astype(np.float32); a[0, 0, 0] = np.nan; a[1, 1, 1] = np.inf
     nib.save(nib.Nifti1Image(a, img.affine), tmp_path / "ct_nan.nii.gz")
     before = tree(tmp_path)

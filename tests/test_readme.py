@@ -45,3 +45,41 @@ def notebooks() -> dict[str, str]:
 def test_module_table_lists_every_notebook():
     rows = dict(re.findall(r"^\| `(\d\d_\w+)` \| `(\w+)` \|", (ROOT / "README.md").read_text(), re.M))
     assert rows == notebooks(), "the README's module table must list every library notebook with its module"
+
+
+def _cell(marker: str) -> str:
+    nb = json.loads((ROOT / "nbs" / "index.ipynb").read_text())
+    return next("".join(c["source"]) for c in nb["cells"] if marker in "".join(c["source"]))
+
+
+def test_pipeline_diagram_is_todays_dvc_dag_and_the_table_names_every_stage():
+    w = _writer()
+    nodes, edges = w.dag_edges(ROOT)
+    assert len(nodes) >= 30 and ("validate", "infer") in edges
+    assert _cell(w.DAG_MARK) == w.dag_cell(ROOT), "the pipeline diagram is not today's `dvc dag`: run `make readme`"
+    table = _cell("| stage | writes |")
+    named = set(re.findall(r"`(\w+)(?:@<model>)?`", table.split("| stage | writes |")[1].split("\n\n")[0]))
+    assert set(nodes) - {"data.dvc"} <= named, sorted(set(nodes) - {"data.dvc"} - named)
+
+
+def test_reduce_edges_keeps_only_arrows_no_longer_path_implies():
+    w = _writer()
+    e = [("a", "b"), ("b", "c"), ("a", "c"), ("c", "d"), ("a", "d"), ("x", "d")]
+    assert w.reduce_edges(e) == [("a", "b"), ("b", "c"), ("c", "d"), ("x", "d")]
+    assert w.topological(["d", "c", "b", "a", "x"], e) == ["a", "b", "c", "x", "d"]
+
+
+def test_a_new_stage_appears_in_the_diagram(tmp_path):
+    "In a scratch DVC project: a stage added to dvc.yaml is a node of the cell, linked by the file it reads."
+    import subprocess
+    import yaml
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    stages = {"make": {"cmd": "echo 1 > a.txt", "outs": ["a.txt"]}, "use": {"cmd": "cat a.txt > b.txt", "deps": ["a.txt"], "outs": ["b.txt"]}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    cell = _writer().dag_cell(tmp_path)
+    assert '    make["make"]' in cell and '    use["use"]' in cell and "  make --> use" in cell
+    stages["ctsvqa_more"] = {"cmd": "cat b.txt > c.txt", "deps": ["b.txt"], "outs": ["c.txt"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    cell2 = _writer().dag_cell(tmp_path)
+    assert cell2 != cell and "  use --> ctsvqa_more" in cell2
+    assert cell2.index('ctsvqa_more["ctsvqa_more"]') > cell2.index('subgraph B')        # Track B's box

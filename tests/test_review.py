@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _fill(records, scores, path):
     df = R.reader_sheet(records)
-    for k, c in enumerate(R.CRITERIA): df[c] = ["" if scores.get(q) is None else scores[q][k] for q in df["qid"]]
+    for k, c in enumerate(R.REVIEW_CRITERIA): df[c] = ["" if scores.get(q) is None else scores[q][k] for q in df["qid"]]
     df.to_csv(path, index=False)
     return str(path)
 
@@ -84,4 +84,4 @@ def test_review_stage(tmp_path, bench):
     summary = json.loads((tmp_path / "results/summary.json").read_text())
     assert summary["readers"] == ["reader_a", "reader_b", "reader_c"] and "reader_a|reader_b|all" in summary["kappa"]
     sheet = pd.read_csv(tmp_path / "results/reader_sheet.csv")
-    assert list(sheet["qid"]) == qs and list(sheet.columns[-4:]) == [*R.CRITERIA, "comment"]
+    assert list(sheet["qid"]) == qs and list(sheet.columns[-4:]) == [*R.REVIEW_CRITERIA, "comment"]

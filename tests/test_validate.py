@@ -359,16 +359,16 @@ def test_text_answerer_fits_the_same_model_as_with_dictvectorizer(bench):
     "The text answerer's logistic regression, fitted on FeatureMatrix rows, is the one DictVectorizer's rows give, bit for bit."
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
-    from spatialvqa.validate import TextAnswerer, _option_features
+    from spatialvqa.validate import TextAnswerer, option_features
     recs = [r for r in bench["recs"] if r["format"] == "mc"]
     ta = TextAnswerer().fit(recs)
     X, y = [], []
     for r in recs:
         ci = LETTERS.index(r["answer_letter"])
-        for i, f in enumerate(_option_features(r)): X.append(f); y.append(int(i == ci))
+        for i, f in enumerate(option_features(r)): X.append(f); y.append(int(i == ci))
     dv = DictVectorizer()
     clf = LogisticRegression(C=1.0, max_iter=2000).fit(dv.fit_transform(X), y)
     assert len(recs) > 100 and np.array_equal(clf.coef_, ta.clf.coef_) and np.array_equal(clf.intercept_, ta.clf.intercept_)
     got = ta.probas(recs[:50])
-    want = clf.decision_function(dv.transform([f for r in recs[:50] for f in _option_features(r)])).reshape(50, -1)
+    want = clf.decision_function(dv.transform([f for r in recs[:50] for f in option_features(r)])).reshape(50, -1)
     assert all(int(np.argmax(g)) == int(np.argmax(w)) for g, w in zip(got, want))

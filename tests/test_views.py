@@ -260,7 +260,7 @@ def test_views_are_radiological(files, stored):
     assert _centre(sag["sagittal"].labels, "sternum")[0] < _centre(sag["sagittal"].labels, "spinal_cord")[0]  # anterior left
     # the outlines drawn on the image agree: orange (liver) pixels left of bluish-green (spleen) ones
     img = v["axial"].image
-    cols = {c: np.argwhere((img == np.array(V.OKABE_ITO[k], np.uint8)).all(-1))[:, 1].mean() for k, c in [(0, "liver"), (1, "spleen")]}
+    cols = {c: np.argwhere((img == np.array(V.OKABE_ITO_RGB[k], np.uint8)).all(-1))[:, 1].mean() for k, c in [(0, "liver"), (1, "spleen")]}
     assert cols["liver"] < cols["spleen"]
     assert v["axial"].meta["orientation"] == {"left": "R", "right": "L", "top": "A", "bottom": "P"}
     assert v["sagittal"].meta["orientation"] == {"left": "A", "right": "P", "top": "S", "bottom": "I"}

@@ -1,0 +1,47 @@
+"""The library's shape in issue 24's figures (scripts/code_shape.py): printed, and held to ceilings that may only fall.
+
+Today's counts are the ceilings: splitting a module, a function or a cell lowers a figure (then lower its ceiling here);
+nothing may add to them. One rule already holds everywhere and stays: no public name is defined in two modules."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# at most this many modules over 800 lines, functions over 60, exported cells over 60 (2026-11-27)
+CEILINGS = {"modules": 10, "functions": 11, "cells": 93}
+
+
+def _shape():
+    spec = importlib.util.spec_from_file_location("code_shape", ROOT / "scripts" / "code_shape.py")
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    return mod
+
+
+def test_figures_within_their_ceilings_and_one_definition_per_public_name():
+    cs = _shape()
+    f = cs.figures()
+    print("\n" + cs.report(f))
+    assert f["names"] == {}, f"public names defined in more than one module: {f['names']}"
+    grown = {k: (len(f[k]), c) for k, c in CEILINGS.items() if len(f[k]) > c}
+    assert not grown, f"over the ceiling (found, ceiling): {grown}; split instead"
+    assert "_modidx" not in " ".join(f["modules"])
+
+
+def test_the_figures_see_what_they_count(tmp_path):
+    "A scratch package: a long module, a long function, a long exported cell and a name two modules define."
+    cs = _shape()
+    pkg = tmp_path / "spatialvqa"; pkg.mkdir(); (tmp_path / "nbs").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(70))
+    (pkg / "a.py").write_text(f"def long():\n{body}\n    return 0\n\nTHING = 1\n_private = 1\nlog = None\n" + "\n" * 800)
+    (pkg / "b.py").write_text("THING = 2\n_private = 2\nlog = None\ndef add_cli(sub): pass\nclass K:\n    def m(self): pass\n")
+    (pkg / "_modidx.py").write_text("\n" * 900)
+    cell = {"cell_type": "code", "id": "c1", "metadata": {}, "source": ["#| export\n"] + [f"y{i} = {i}\n" for i in range(61)]}
+    short = {"cell_type": "code", "id": "c2", "metadata": {}, "source": ["y = 1\n"] * 80}                  # not exported
+    (tmp_path / "nbs" / "x.ipynb").write_text(json.dumps({"cells": [cell, short]}))
+    f = cs.figures(tmp_path)
+    assert list(f["modules"]) == ["spatialvqa.a"] and list(f["functions"]) == ["spatialvqa.a.long"]
+    assert f["functions"]["spatialvqa.a.long"] == 72 and f["cells"] == {"x.ipynb#c1": 61}
+    assert f["names"] == {"THING": ["spatialvqa.a", "spatialvqa.b"]}
+    assert "1 modules over 800 lines: spatialvqa.a" in cs.report(f)
