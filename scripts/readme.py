@@ -56,9 +56,10 @@ def topological(nodes: list[str], edges: list[tuple[str, str]]) -> list[str]:
     return out
 
 
-def dag_cell(root: str | Path = ROOT) -> str:
-    "The notebook cell that shows the pipeline: a Mermaid flowchart of `dvc dag`, each arrow one no other path implies."
-    nodes, edges = dag_edges(root)
+def dag_cell(root: str | Path = ROOT, dag: tuple | None = None) -> str:
+    """The notebook cell that shows the pipeline: a Mermaid flowchart of `dvc dag` (or of `dag`, what `dag_edges` gave),
+    each arrow one that no other path implies."""
+    nodes, edges = dag or dag_edges(root)
     rank = {n: i for i, n in enumerate(topological(nodes, edges))}      # dvc's own order varies from run to run
     nodes, edges = sorted(nodes, key=rank.get), sorted(set(edges), key=lambda e: (rank[e[0]], rank[e[1]]))
     foreach = set(re.findall(r"^  (\w+):\n    foreach:", (Path(root) / "dvc.yaml").read_text(), re.M))

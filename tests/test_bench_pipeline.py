@@ -35,12 +35,12 @@ def _sleeps(unit: float, power: int):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    "The script's main on 4 and 8 coarse phantoms, no Dask, --check; a linear and a quadratic stage injected."
+    "The script's main on 3 and 6 coarse phantoms, no Dask, --check; a linear and a quadratic stage injected."
     out = tmp_path_factory.mktemp("bench_pipeline")
     stages = {**bp.STAGE_FUNCTIONS, "linear": _sleeps(0.05, 1), "quadratic": _sleeps(0.01, 2)}
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = bp.main(["--sizes", "4,8", "--real", "none", "--phantom-spacing", "4,4,6", "--no-dask", "--check",
+        rc = bp.main(["--sizes", "3,6", "--real", "none", "--phantom-spacing", "4,4,6", "--no-dask", "--check",
                       "--keep", str(out)], stages=stages)
     return rc, buf.getvalue(), out
 
@@ -53,9 +53,9 @@ def _table(text: str) -> list[str]:
 
 def test_table_structure(tiny):
     _, text, _ = tiny
-    assert "cost per scan from 4 to 8 scans" in text
+    assert "cost per scan from 3 to 6 scans" in text
     table = _table(text)
-    assert re.match(r"stage\s+s/scan @4\s+s/scan @8\s+larger/smaller\s+CPU s/scan @4\s+CPU s/scan @8\s+CPU ratio$", table[0])
+    assert re.match(r"stage\s+s/scan @3\s+s/scan @6\s+larger/smaller\s+CPU s/scan @3\s+CPU s/scan @6\s+CPU ratio$", table[0])
     names = [*bp.STAGES, "linear", "quadratic", "total"]
     rows = table[1:1 + len(names)]
     assert [r.split()[0] for r in rows] == names
@@ -65,7 +65,7 @@ def test_table_structure(tiny):
         small, large, ratio = map(float, m.groups()[1:4])
         if small >= 0.05: assert ratio == pytest.approx(large / small, rel=0.05, abs=0.02), r
     # every size's run lists every stage with its seconds per scan
-    for n in (4, 8):
+    for n in (3, 6):
         block = text.split(f"cohort of {n}: ")[1].split("\n\n")[0].split("cohort of")[0]
         assert f"phantom {n}; {n} scans converted" in block
         for st in names[:-1]:
@@ -84,7 +84,7 @@ def test_check_fails_on_a_superlinear_stage(tiny):
     assert any(l.startswith("FLAG: quadratic costs ") for l in flags)
     assert not any(l.startswith("FLAG: linear ") for l in flags)
     ratio = float(re.search(rf"^quadratic\s+{NUM}\s+{NUM}\s+{NUM}x", rows["quadratic"]).group(3))
-    assert 1.6 < ratio < 2.4                      # 8**2/8 over 4**2/4
+    assert 1.6 < ratio < 2.4                      # 6**2/6 over 3**2/3
 
 
 def _run(size, seconds, cpu=None):
@@ -126,8 +126,8 @@ def test_per_scan_stages_on_dask(tiny, tmp_path):
     from spatialvqa.core import load_params
     keep = tiny[2]
     params = load_params(path=ROOT / "params.yaml")
-    cohort = bp.build_cohort(4, tmp_path / "cohort4", params, keep / "phantom_pool", real="none")
-    ref = pd.read_parquet(keep / "run4" / "structures.parquet")
+    cohort = bp.build_cohort(3, tmp_path / "cohort3", params, keep / "phantom_pool", real="none")
+    ref = pd.read_parquet(keep / "run3" / "structures.parquet")
     rows = bp.dask_runs(cohort, tmp_path / "dask", params, [1, 2], reference=ref)
     assert [r["workers"] for r in rows] == [1, 2] and all(r["same"] for r in rows)
     assert all(set(r["seconds"]) == set(bp.PER_SCAN) for r in rows)
