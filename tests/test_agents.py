@@ -5,7 +5,6 @@ rules say; the slow test runs everything live with the local Gemma 3 270M on 10 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from spatialvqa.core import read_jsonl, shared_data
 from spatialvqa.llm import FakeOpenAIServer, make_llm
 from spatialvqa.measure import Structure
 from spatialvqa.questions import rederive
-from spatialvqa.retrieval import Retriever, passage, report_passages, retrieve
+from spatialvqa.retrieval import Retriever, report_passages, retrieve
 
 ROOT = Path(__file__).resolve().parents[1]
 

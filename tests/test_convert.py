@@ -10,7 +10,7 @@ import pytest
 
 from spatialvqa.anatomy import NAME_TO_ID
 from spatialvqa.convert import (AMOS_LABELS, CONVERTERS, add_cli, check_datasets, convert, convert_amos, convert_datasets,
-                                convert_kits, convert_msd, convert_pyradiomics, convert_totalsegmentator, label_mapping,
+                                convert_kits, convert_msd, convert_totalsegmentator, label_mapping,
                                 match_label_name, split_kidneys)
 from spatialvqa.scan import Volume, read_labels, write_volume
 

@@ -17,7 +17,7 @@ from spatialvqa.anatomy import NAME_TO_ID, counterpart
 from spatialvqa.core import read_json, write_json
 from spatialvqa.measure import measure_labels, measure_manifests, scan_info, structures_table
 from spatialvqa.phantom import make_cohort, make_subject
-from spatialvqa.questions import LETTERS, Geometry, evaluate, generate_questions, tol_volume
+from spatialvqa.questions import LETTERS, evaluate, generate_questions, tol_volume
 from spatialvqa.scan import Scan, Volume, read_labels, read_scan, read_volume, reorient, write_volume
 
 TS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real-ct" / "totalsegmentator"
@@ -407,7 +407,6 @@ def test_generate_stage_pairs(tmp_path, written):
     twins and originals re-derived from the label maps (verify)."""
     import subprocess, sys, yaml
     from spatialvqa.core import read_jsonl
-    from spatialvqa.questions import parse_budget
     root = Path(__file__).resolve().parents[1]
     stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["generate"]
     assert {"spatialvqa/counterfactual.py", "spatialvqa"} & set(stage["deps"]) and "results/benchmark/pairs.csv" in stage["outs"]

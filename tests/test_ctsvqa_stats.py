@@ -3,7 +3,6 @@ coverage, McNemar against worked examples, cross-fitting that never trains on th
 answer per question, and figures that write their PNG and CSV."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np

@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import http.server
 import importlib.util
-import json
-import re
 import subprocess
 import sys
 import threading

@@ -196,7 +196,7 @@ def test_echoing_server_key_never_reaches_predictions(tmp_path, capsys, monkeypa
     with EchoServer(mode) as srv:
         rc, err = run(capsys, "infer", "--model", "echo", "--adapter", "openai", "--representation", "none", "--benchmark", b,
                       "--out", out, "--max-retries", "0",
-                      "--config", f"model=m", f"base_url={srv.url}", "api_key_env=HARDENING_API_KEY", "max_attempts=1", "workers=1")
+                      "--config", "model=m", f"base_url={srv.url}", "api_key_env=HARDENING_API_KEY", "max_attempts=1", "workers=1")
     assert KEY not in err and KEY[:12] not in err
     if mode != "completion":                      # every answer an error: status 2 quoting the first, masked; no file (issue 23)
         assert rc == 2 and "all 3 answers of echo are errors" in err and "Bearer ***" in err, err
@@ -600,7 +600,7 @@ def test_i23_credentials_in_urls_never_leak(tmp_path):
         r = cli("check-params", tmp_path / "params.yaml")
         refused(r, "check-params", "params.yaml: ")
         assert secret not in r[1] + r[2]
-    from spatialvqa.core import get_logger, mask_secrets
+    from spatialvqa.core import mask_secrets
     assert mask_secrets(f"GET http://u:{secret}@h/v1?key={secret} Authorization: Bearer {secret}") == \
         "GET http://***@h/v1?key=*** Authorization: Bearer ***"
 
@@ -717,7 +717,7 @@ def test_i23_report_qa_names_the_file_and_the_field(tmp_path):
     (tmp_path / "r.jsonl").write_text('{"volume": "v1", "findings": 3}\n')
     refused(cli("report-qa", "--reports", tmp_path / "r.jsonl", "--out", tmp_path / "q.jsonl"), "report-qa",
             "r.jsonl: report 1: the field 'findings' is int, not text")
-    assert not (tmp_path / "q.jsonl").exists()
+    assert not (tmp_path / "q.jsonl").exists() and sorted(tree(tmp_path)) == sorted(before)    # r.jsonl rewritten, nothing added
 
 
 def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
@@ -917,7 +917,6 @@ def test_i23_ctsvqa_judge_runs_outside_the_repository(tmp_path):
 
 def test_i23_validate_scans_table_without_affine_names_the_file_and_column(phantom_bench, tmp_path):
     "Clear errors: `validate --scans` on a table without the measure stage's columns says which, not just 'affine'."
-    import pandas as pd
     from spatialvqa.measure import measure_manifests
     table, scans, _ = measure_manifests([phantom_bench.parent / "scans" / "cohort.json"], workers=0)
     table.to_parquet(tmp_path / "structures.parquet")

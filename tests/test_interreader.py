@@ -9,7 +9,7 @@ import pytest
 
 from spatialvqa import questions as Q
 from spatialvqa.core import load_params, read_json, shared_data
-from spatialvqa.interreader import READERS, flip_study, flip_summary, measure_two_readers
+from spatialvqa.interreader import flip_study, flip_summary, measure_two_readers
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
 from spatialvqa.scan import read_scan

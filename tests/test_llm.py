@@ -3,7 +3,6 @@ Retry-After, 5xx, 400, timeouts), keys that never leak, record/replay with the s
 with a patched google-genai client, a tiny random transformers model end to end, JSON repair of real-looking
 LLM output and index-checked joins. The real Gemma 3 270M runs only with `-m slow`."""
 import io
-import json
 import logging
 import socket
 import time

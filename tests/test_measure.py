@@ -2,7 +2,6 @@
 import itertools
 import json
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import ndimage
 
 import spatialvqa.measure as M
-from spatialvqa.measure import (Structure, bbox_center_distance, boundary_voxels, centroid_distance, direction,
+from spatialvqa.measure import (bbox_center_distance, boundary_voxels, centroid_distance, direction,
                                 measure_file, measure_labels, measure_scan, offset, pairs_table, structures_table,
                                 surface_distance)
 from spatialvqa.anatomy import label_name

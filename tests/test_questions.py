@@ -15,7 +15,7 @@ import pytest
 
 from spatialvqa import questions as Q
 from spatialvqa.figures import plot_composition
-from spatialvqa.core import load_params, read_json, read_jsonl
+from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.scan import read_scan
 

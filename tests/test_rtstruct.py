@@ -5,7 +5,6 @@ The reference is dcmrtstruct2nii (a test-only dependency): it reads the series w
 a slice by rounding its own continuous index, fills with scikit-image's polygon2mask and combines the contours of a
 slice by XOR. Nothing of it is shared with our reader but pydicom's parsing of the files."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

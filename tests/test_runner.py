@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 

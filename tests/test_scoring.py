@@ -215,7 +215,6 @@ def test_outcome_reads_nullable_columns_from_parquet(tmp_path):
     """Scores read back from parquet carry pandas' nullable types (pd.NA for an unread answer): `outcome` takes them
     as it takes None (the export stage's rescoring met one after the counterfactual pairs added nullable columns)."""
     import numpy as np
-    import pandas as pd
     from spatialvqa.scoring import outcome
     df = pd.DataFrame({"correct": pd.array([True, None, False], dtype="boolean"), "mra": pd.array([0.5, None, 1.0], dtype="Float64")})
     df.to_parquet(tmp_path / "s.parquet")

@@ -17,7 +17,6 @@ as the counterfactual/generate/validate stages do; then the validated set is att
 - letters are exactly balanced per task."""
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -33,7 +32,6 @@ from spatialvqa.convert import convert_datasets
 from spatialvqa.core import load_params, shared_data
 from spatialvqa.measure import Structure, measure_manifests
 from spatialvqa.recheck import recheck
-from spatialvqa.stats import wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANCE = 0.25

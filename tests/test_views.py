@@ -3,7 +3,6 @@ the operations the upstream code itself calls (torch `F.interpolate`, nibabel, p
 installed), on a phantom stored LPS; radiological orientation of the 2D views; the content-hash cache; the slice grid.
 
 Upstream recipes (repository@commit file lines) are cited next to each re-expression; see nbs/09_views.ipynb."""
-from pathlib import Path
 
 import nibabel as nib
 import numpy as np
