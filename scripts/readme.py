@@ -25,7 +25,7 @@ def dag_edges(root: str | Path = ROOT) -> tuple[list[str], list[tuple[str, str]]
     out = subprocess.run(["dvc", "dag", "--dot", "--collapse-foreach-matrix"], cwd=root, capture_output=True, text=True,
                          check=True).stdout
     edges = re.findall(r'^"([^"]+)" -> "([^"]+)";$', out, re.M)
-    nodes = [n for n in re.findall(r'^"([^"]+)";$', out, re.M)]
+    nodes = re.findall(r'^"([^"]+)";$', out, re.M)
     return nodes, edges
 
 

@@ -5,9 +5,12 @@ pytest-xdist hands the files out (`LONGEST_FIRST`)."""
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -22,6 +25,21 @@ LONGEST_FIRST = {"test_hardening.py": 95, "test_phantom.py": 45, "test_docs.py":
                  "test_views.py": 18, "test_ctsvqa.py": 18, "test_interreader.py": 16, "test_ctsvqa_judge.py": 16,
                  "test_repro.py": 16, "test_results.py": 15, "test_questions.py": 13, "test_validate.py": 12,
                  "test_cli.py": 11, "test_convert.py": 10, "test_stage_deps.py": 9, "test_sources.py": 6, "test_export.py": 6}
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: str) -> ModuleType:
+    """A script of the repository that is not part of the package (`scripts/readme.py`, `benchmarks/bench_pipeline.py`),
+    loaded as a module named after its stem and registered in `sys.modules` (dataclasses look their module up there).
+    Test files import it: `from conftest import load_script`."""
+    p = ROOT / path
+    spec = importlib.util.spec_from_file_location(p.stem, p)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[p.stem] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def pytest_collection_modifyitems(items):

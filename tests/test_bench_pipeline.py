@@ -2,24 +2,20 @@
 that is made superlinear (and not on one that is linear). No figure of the real stages is asserted: the machine
 may be busy; the injected stages sleep for a known time."""
 import contextlib
-import importlib.util
 import io
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_pipeline", ROOT / "benchmarks" / "bench_pipeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_pipeline"] = mod          # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_pipeline.py")
 
 
 bp = _load()

@@ -4,9 +4,10 @@ Today's counts are the ceilings: splitting a module, a function or a cell lowers
 nothing may add to them. One rule already holds everywhere and stays: no public name is defined in two modules."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 # at most this many modules over 800 lines, functions over 60, exported cells over 60 (2026-11-27)
@@ -14,9 +15,7 @@ CEILINGS = {"modules": 10, "functions": 11, "cells": 93}
 
 
 def _shape():
-    spec = importlib.util.spec_from_file_location("code_shape", ROOT / "scripts" / "code_shape.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/code_shape.py")
 
 
 def test_figures_within_their_ceilings_and_one_definition_per_public_name():

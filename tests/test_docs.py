@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import importlib.util
 import subprocess
 import sys
 import threading
@@ -14,6 +13,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 # the library page the browser opens: it draws figures, so the page carries executed outputs (images)
@@ -22,9 +23,7 @@ SITE_PATH = "/spatialvqa/"   # the path of mkdocs.yml's site_url
 
 
 def _docs():
-    spec = importlib.util.spec_from_file_location("docs_builder", ROOT / "scripts" / "docs.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/docs.py")
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,10 @@ every finding with its cell numbers."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,9 +17,7 @@ ALLOWED: dict[tuple[str, str], int] = {}
 
 
 def _style():
-    spec = importlib.util.spec_from_file_location("nb_style", ROOT / "scripts" / "nb_style.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/nb_style.py")
 
 
 def test_notebooks_follow_the_rhythm():

@@ -1,18 +1,17 @@
 """README.md is written from nbs/index.ipynb (scripts/readme.py), and its module table lists every library notebook."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _writer():
-    spec = importlib.util.spec_from_file_location("readme_writer", ROOT / "scripts" / "readme.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/readme.py")
 
 
 def test_readme_is_written_from_index(tmp_path):

@@ -2,7 +2,6 @@
 to any module a stage runs makes the stage `changed` in `dvc status`."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -10,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("stage_deps", ROOT / "scripts" / "stage_deps.py")
-SD = importlib.util.module_from_spec(spec); spec.loader.exec_module(SD)
+SD = load_script("scripts/stage_deps.py")
 DVC = Path(sys.executable).parent / "dvc"
 
 
