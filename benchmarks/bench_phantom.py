@@ -110,7 +110,7 @@ def question_atlas(old, n: int, seed: int, tumour_rate: float, rates, max_lesion
     """Write both cohorts, measure them, generate the Track A questions (spatialvqa.questions defaults) and answer the
     multiple-choice ones with the atlas of the other scans (leave one scan out): accuracy per task and overall."""
     import numpy as np
-    from spatialvqa import validate as V
+    from spatialvqa.validate import answerers as VA
     from spatialvqa.measure import measure_manifests
     from spatialvqa.questions import generate_questions
     res = {}
@@ -120,9 +120,9 @@ def question_atlas(old, n: int, seed: int, tumour_rate: float, rates, max_lesion
         else: mod.make_cohort(d, n, seed=seed, tumour_rate=tumour_rate, workers=0, rates=rates, max_lesions=max_lesions)
         table, scans, rejected = measure_manifests([d / "cohort.json"], workers=0)
         recs = [r for r in generate_questions(table, seed=0, scans=scans) if r["format"] == "mc"]
-        preds = V.cross_fit_answerers(recs, V.make_answerers("atlas"), folds=n, seed=0)
+        preds = VA.cross_fit_answerers(recs, VA.make_answerers("atlas"), folds=n, seed=0)
         hits = {}
-        for r in recs: hits.setdefault(r["task"], []).append(V.is_right(r, preds[r["qid"]]["atlas"]["pred"]))
+        for r in recs: hits.setdefault(r["task"], []).append(VA.is_right(r, preds[r["qid"]]["atlas"]["pred"]))
         hits["all"] = [h for k in list(hits) for h in hits[k]]
         res[which] = {k: dict(accuracy=round(float(np.mean(v)), 4), n=len(v)) for k, v in hits.items()}
     return res

@@ -271,7 +271,7 @@ def _none(v):
 def validate_kwargs(params: Mapping) -> tuple[dict, list[str]]:
     "validate()'s keywords as the validate stage passes them from params.yaml (an LLM answerer left out, said so)."
     from spatialvqa.core import flag
-    from spatialvqa.validate import is_real
+    from spatialvqa.validate.chance import is_real
     v, notes = params["validate"], []
     if _none(v.get("llm")) is not None: notes.append("validate.llm is set: the LLM answerers need a server and are left out")
     kw = dict(plausible=flag(v["plausibility"]), min_voxels=int(v["min_voxels"]), ranges=flag(v["ranges"]),
@@ -286,7 +286,7 @@ def validate_kwargs(params: Mapping) -> tuple[dict, list[str]]:
 
 
 def stage_validate(ctx: dict) -> None:
-    from spatialvqa.validate import validate
+    from spatialvqa.validate.pipeline import validate
     kw, _ = validate_kwargs(ctx["params"])
     ctx["validation"] = validate(ctx["questions"], ctx["table"], ctx["scan_table"], **kw)
 
@@ -324,7 +324,7 @@ def run_pipeline(cohort: Cohort, out: Path, params: Mapping, workers: int = 2, s
     counts = {"scans": len(ctx.get("scans") or []), "copies": len(ctx.get("copies") or []),
               "rejected": len(ctx.get("rejected") or []), "questions": len(ctx.get("questions") or [])}
     if "validation" in ctx:
-        from spatialvqa.validate import is_real
+        from spatialvqa.validate.chance import is_real
         counts.update(kept=len(ctx["validation"].kept), kept_real=sum(map(is_real, ctx["validation"].kept)))
     run = Run(cohort.size, counts["scans"] or cohort.size, seconds, dict(ctx["detail"]), counts, (before, load_avg()), cpu)
     run.ctx = ctx                                         # for callers that want the outputs (not printed)

@@ -50,11 +50,12 @@ def function_lines(root: Path = ROOT) -> dict[str, int]:
 def cell_lines(root: Path = ROOT) -> dict[str, int]:
     "`notebook#cell-id` -> lines of each exported code cell of the library notebooks (the `#|` directives excluded)."
     out = {}
-    for nb in sorted((root / "nbs").glob("*.ipynb")):
+    nbs = root / "nbs"
+    for nb in sorted([*nbs.glob("*.ipynb"), *nbs.glob("[0-9]*/*.ipynb")]):          # a subpackage's notebooks too
         for i, c in enumerate(json.loads(nb.read_text())["cells"]):
             src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
             if c["cell_type"] == "code" and re.search(r"^#\|\s*exports?\b", src, re.M):
-                out[f"{nb.name}#{c.get('id', i)}"] = len([l for l in src.splitlines() if not l.startswith("#|")])
+                out[f"{nb.relative_to(nbs)}#{c.get('id', i)}"] = len([l for l in src.splitlines() if not l.startswith("#|")])
     return out
 
 

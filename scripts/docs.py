@@ -37,13 +37,20 @@ CACHE = ROOT / ".cache" / "docs" / "exec"
 
 
 def library_notebooks() -> list[Path]:
-    "The library notebooks (`nbs/NN_name.ipynb`), in data order."
-    return sorted(NBS.glob("[0-9][0-9]_*.ipynb"))
+    "The library notebooks (`nbs/NN_name.ipynb`, and a subpackage's `nbs/NN_name/MM_part.ipynb`), in data order."
+    return sorted([*NBS.glob("[0-9][0-9]_*.ipynb"), *NBS.glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")], key=lambda p: p.relative_to(NBS))
 
 
 def page_name(nb: Path) -> str:
-    "nbdev's page name of a notebook: the file name less its number prefix (`15_measure` -> `measure`)."
-    return re.sub(r"^\d+_", "", nb.stem)
+    """A notebook's page: its file name less the number prefix (`15_measure` -> `measure`); a subpackage's notebook
+    is prefixed with its folder's (`24_validate/01_answerers` -> `validate.answerers`)."""
+    name = re.sub(r"^\d+_", "", nb.stem)
+    return re.sub(r"^\d+_", "", nb.parent.name) + "." + name if nb.parent.parent == NBS else name
+
+
+def notebook_key(nb: Path) -> str:
+    "A notebook's name for `--execute` and the cache: its stem, with its folder's for a subpackage (`24_validate-01_answerers`)."
+    return f"{nb.parent.name}-{nb.stem}" if nb.parent.parent == NBS else nb.stem
 
 
 def module_of(nb: Path) -> str | None:
@@ -103,14 +110,14 @@ def execute_one(src: Path, dst: Path) -> int:
 def executed(nb: Path, run: bool) -> Path:
     "The notebook with outputs (executed now or from the cache); with `run` False, the committed notebook."
     if not run: return nb
-    out = CACHE / f"{nb.stem}-{_inputs_hash(nb)}.ipynb"
+    out = CACHE / f"{notebook_key(nb)}-{_inputs_hash(nb)}.ipynb"
     if out.exists(): return out
     t = time.time()
     tmp = out.with_suffix(".tmp.ipynb")
     r = subprocess.run([sys.executable, __file__, "--execute-one", str(nb), str(tmp)], cwd=ROOT)
     if r.returncode != 0: raise SystemExit(f"docs: executing {nb.relative_to(ROOT)} failed (see above)")
     tmp.replace(out)
-    for old in CACHE.glob(f"{nb.stem}-*.ipynb"):
+    for old in CACHE.glob(f"{notebook_key(nb)}-*.ipynb"):
         if old != out and not old.name.endswith(".tmp.ipynb"): old.unlink()
     print(f"docs: executed {nb.name} in {time.time() - t:.1f} s")
     return out
@@ -166,10 +173,10 @@ def api_pages(out: Path, nbs: list[Path]) -> list[dict]:
         mod = module_of(nb)
         if not mod: continue
         (out / "api" / f"{mod}.md").write_text(
-            f"# `spatialvqa.{mod}`\n\nExported from [`nbs/{nb.name}`](../{page_name(nb)}.ipynb), where each definition "
+            f"# `spatialvqa.{mod}`\n\nExported from [`nbs/{nb.relative_to(NBS)}`](../{page_name(nb)}.ipynb), where each definition "
             f"comes with prose and an example.\n\n::: spatialvqa.{mod}\n")
         nav.append({mod: f"api/{mod}.md"})
-        rows.append(f"| [`spatialvqa.{mod}`]({mod}.md) | [{nb.stem}](../{page_name(nb)}.ipynb) |")
+        rows.append(f"| [`spatialvqa.{mod}`]({mod}.md) | [{notebook_key(nb)}](../{page_name(nb)}.ipynb) |")
     (out / "api" / "index.md").write_text(
         "# API reference\n\nEvery module's exported definitions with their signatures and docstrings. The notebooks are "
         "the long form: each definition there is followed by an example that is also a test.\n\n"
@@ -314,15 +321,16 @@ def build(site: Path, run: str = "all", src_dir: Path | None = None, quiet: bool
     if src.exists(): shutil.rmtree(src)
     src.mkdir(parents=True)
     nbs = library_notebooks()
-    want = {n.stem for n in nbs} if run == "all" else set() if run == "none" else set(run.split(","))
-    unknown = want - {n.stem for n in nbs}
+    want = {notebook_key(n) for n in nbs} if run == "all" else set() if run == "none" else set(run.split(","))
+    unknown = want - {notebook_key(n) for n in nbs}
     if unknown: raise SystemExit(f"docs: --execute names no library notebook: {', '.join(sorted(unknown))}")
     (src / "index.md").write_text(index_page())
     groups = {"0": "Foundations", "1": "Intake", "2": "Track A", "3": "Track B", "4": "Evaluation"}
     nav_nbs: dict[str, list] = {}
     for nb in nbs:
-        _for_page(executed(nb, nb.stem in want), src / f"{page_name(nb)}.ipynb")
-        nav_nbs.setdefault(groups.get(nb.name[0], "Other"), []).append({f"{nb.stem[:2]} {title_of(nb)}": f"{page_name(nb)}.ipynb"})
+        _for_page(executed(nb, notebook_key(nb) in want), src / f"{page_name(nb)}.ipynb")
+        number = ".".join(p[:2] for p in nb.relative_to(NBS).parts)
+        nav_nbs.setdefault(groups.get(number[0], "Other"), []).append({f"{number} {title_of(nb)}": f"{page_name(nb)}.ipynb"})
     api_nav = api_pages(src, nbs)
     pipeline_page(src)
     results_pages(src)

@@ -68,11 +68,12 @@ def check(nb_path: Path) -> list[tuple[str, str]]:
 
 
 def library_notebooks() -> list[Path]:
-    return sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
+    nbs = ROOT / "nbs"
+    return sorted([*nbs.glob("[0-9][0-9]_*.ipynb"), *nbs.glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")], key=lambda p: p.relative_to(nbs))
 
 
 def report() -> dict[str, list[tuple[str, str]]]:
-    return {p.name: f for p in library_notebooks() if (f := check(p))}
+    return {str(p.relative_to(ROOT / "nbs")): f for p in library_notebooks() if (f := check(p))}
 
 
 if __name__ == "__main__":

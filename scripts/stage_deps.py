@@ -27,42 +27,62 @@ PKG = "spatialvqa"
 FOLDER_SHARE = 0.6     # a stage whose closure holds at least this share of the modules depends on the package folder
 
 
-def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    "The spatialvqa modules a parsed source imports anywhere (string constants naming one count, as plugin lists do)."
+def _targets(dotted: str, modules: set[str]) -> set[str]:
+    "The modules an absolute `spatialvqa.…` name reaches: the module itself, or every module of a subpackage."
+    rel = dotted[len(PKG) + 1:] if dotted.startswith(PKG + ".") else ""
+    if not rel: return set()
+    if rel in modules: return {rel}
+    return {m for m in modules if m.startswith(rel + ".")}
+
+
+def _imports(tree: ast.AST, modules: set[str], module: str = "") -> set[str]:
+    """The spatialvqa modules (dotted below the package: `measure`, `validate.chance`) a parsed source imports
+    anywhere; `module` is the importing module's own name, against which relative imports resolve. A string constant
+    naming a module counts, as plugin lists and `importlib.import_module` arguments do."""
     found: set[str] = set()
+    here = [PKG, *module.split(".")[:-1]] if module else [PKG]          # the importing module's package
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(PKG + ".")}
+            for a in node.names: found |= _targets(a.name, modules)
         elif isinstance(node, ast.ImportFrom):
-            if node.level: found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-            elif node.module == PKG: found |= {a.name for a in node.names}
-            elif node.module and node.module.startswith(PKG + "."): found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(PKG + r"\.\w+", node.value):
-            found.add(node.value.split(".")[1])
+            base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else [])) if node.level \
+                else (node.module or "")
+            if not base.startswith(PKG): continue
+            for a in node.names:                                      # `from pkg import module` or `from module import name`
+                sub = _targets(f"{base}.{a.name}", modules) if base + "." + a.name != PKG else set()
+                found |= sub or _targets(base, modules)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(PKG + r"(\.\w+)+", node.value):
+            found |= _targets(node.value, modules)
     return found & modules
 
 
 @functools.lru_cache(maxsize=None)
-def _source_imports(src: str, modules: frozenset[str]) -> frozenset[str]:
+def _source_imports(src: str, modules: frozenset[str], module: str = "") -> frozenset[str]:
     "`_imports` of a module's source text, parsed once per process (the tests ask for the graph of the same sources again)."
-    return frozenset(_imports(ast.parse(src), set(modules)))
+    return frozenset(_imports(ast.parse(src), set(modules), module))
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    "Every exported module, by its dotted name below the package (`validate.chance`), and its file."
+    return {".".join(p.relative_to(root / PKG).with_suffix("").parts): p for p in sorted((root / PKG).rglob("*.py"))
+            if not p.name.startswith("_") and "__pycache__" not in p.parts}
 
 
 def entry_point_modules(root: Path = ROOT) -> dict[str, set[str]]:
     "Entry-point group -> the spatialvqa modules it loads (pyproject.toml)."
     eps = tomllib.loads((root / "pyproject.toml").read_text())["project"].get("entry-points", {})
-    return {g: {v.split(":")[0].split(".")[1] for v in table.values() if v.startswith(PKG + ".")}
+    return {g: {v.split(":")[0].split(".", 1)[1] for v in table.values() if v.startswith(PKG + ".")}
             for g, table in eps.items() if g.startswith(PKG + ".")}
 
 
 def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
     "Module -> the spatialvqa modules it imports (directly, lazily, or through an entry-point group it names)."
-    files = {p.stem: p for p in sorted((root / PKG).glob("*.py")) if not p.stem.startswith("_")}
+    files = module_files(root)
     groups = entry_point_modules(root)
     out = {}
     for m, p in files.items():
         src = p.read_text()
-        deps = set(_source_imports(src, frozenset(files)))
+        deps = set(_source_imports(src, frozenset(files), m))
         for g, mods in groups.items():
             if f'"{g}"' in src or f"'{g}'" in src: deps |= mods
         out[m] = deps - {m}
@@ -111,7 +131,8 @@ def needed(root: Path = ROOT) -> dict[str, set[str]]:
 def declared(entry: dict) -> tuple[set[str], bool]:
     "The modules a stage's deps list, and whether it lists the whole package folder."
     deps = [str(d).split("#")[0].strip() for d in entry.get("deps") or []]
-    return {Path(d).stem for d in deps if d.startswith(PKG + "/") and d.endswith(".py")}, PKG in deps or PKG + "/" in deps
+    return ({".".join(Path(d).relative_to(PKG).with_suffix("").parts) for d in deps if d.startswith(PKG + "/") and d.endswith(".py")},
+            PKG in deps or PKG + "/" in deps)
 
 
 def missing(root: Path = ROOT) -> dict[str, list[str]]:
@@ -138,9 +159,9 @@ def write(root: Path = ROOT) -> int:
             block, j = [], i + 1
             while j < len(lines) and lines[j].startswith(indent + "- "):
                 block.append(lines[j]); j += 1
-            keep = [l for l in block if not re.match(rf"^\s+- {PKG}(/[\w.]+\.py)?\s*(#.*)?$", l)]
+            keep = [l for l in block if not re.match(rf"^\s+- {PKG}(/[\w./]+\.py)?\s*(#.*)?$", l)]
             mods = need[current]
-            code = [f"{indent}- {PKG}\n"] if len(mods) >= FOLDER_SHARE * n_all else [f"{indent}- {PKG}/{m}.py\n" for m in sorted(mods)]
+            code = [f"{indent}- {PKG}\n"] if len(mods) >= FOLDER_SHARE * n_all else [f"{indent}- {PKG}/{m.replace('.', '/')}.py\n" for m in sorted(mods)]
             nb_at = next((k for k, l in enumerate(keep) if "nbs/stages/" in l), 0)
             new = keep[:nb_at + 1] + code + keep[nb_at + 1:]
             changed += new != block

@@ -23,7 +23,8 @@ from .parse import parse_answer
 from .prompt import build_prompt
 from .questions import LETTERS, MIN_RATIO, MC_TASKS, TASKS, TEMPLATES, evaluate, fmt_number, rederive
 from .retrieval import Retriever, passage, queries_for, report_passages, retrieve
-from .validate import filter_report, is_right
+from .validate.answerers import is_right
+from .validate.pipeline import filter_report
 
 # %% auto #0
 __all__ = ['ANNOTATOR_SYSTEM', 'PLAUSIBLE_MM', 'VALIDATOR_CRITERIA', 'VALIDATOR_SYSTEM', 'SPECIALIST_ROLES',

@@ -380,7 +380,7 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
     "spatialvqa.ctsvqa": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
                            "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
                            "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached"},
-    "spatialvqa.validate": {"reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
+    "spatialvqa.review": {"reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
     "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},
     "spatialvqa.models": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
     "spatialvqa.reports": {"ctrate-download": "download CT-RATE volumes (HF token in the environment) with their metadata applied",

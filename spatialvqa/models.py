@@ -164,11 +164,11 @@ class _CrossFit(BaseAdapter):
         self._preds: dict[str, Any] | None = None
 
     def _make(self) -> list:
-        from spatialvqa.validate import make_answerers
+        from spatialvqa.validate.answerers import make_answerers
         return make_answerers([self.answerer], seed=self.config["seed"])
 
     def prepare(self, records: Sequence[dict]) -> None:
-        from spatialvqa.validate import cross_fit_answerers
+        from spatialvqa.validate.answerers import cross_fit_answerers
         recs = [r for r in records if r.get("format") in ("mc", "numeric") and r.get("spec") is not None]
         a = self._make()
         base = [r for r in recs if not r.get("rotation")]
@@ -238,7 +238,7 @@ class AtlasAdapter(_CrossFit):
         super().__init__(seed=seed, folds=folds, loso=bool(loso), **kw)
 
     def _make(self) -> list:
-        from spatialvqa.validate import AtlasAnswerer
+        from spatialvqa.validate.answerers import AtlasAnswerer
         return [AtlasAnswerer(seed=self.config["seed"], loso=self.config["loso"])]
 
 @register("textbook")
@@ -256,7 +256,7 @@ class SubjectAtlasAdapter(_CrossFit):
         super().__init__(seed=seed, folds=folds, k=int(k), **kw)
 
     def _make(self) -> list:
-        from spatialvqa.validate import SubjectAtlasAnswerer
+        from spatialvqa.validate.answerers import SubjectAtlasAnswerer
         return [SubjectAtlasAnswerer(seed=self.config["seed"], k=self.config["k"])]
 
 @register("name_cue")

@@ -21,7 +21,19 @@ from .measure import Structure
 from .questions import evaluate
 
 # %% auto #0
-__all__ = ['sitk_points', 'structures_from_points', 'recheck']
+__all__ = ['label_voxels', 'sitk_points', 'structures_from_points', 'recheck']
+
+# %% ../nbs/27_recheck.ipynb #be38ce19
+def label_voxels(a: np.ndarray) -> dict[int, np.ndarray]:
+    """Label → the indices (n, a.ndim) of its voxels in C order, as `np.argwhere(a == label)` gives them, for every
+    non-zero label, in one pass: a stable sort of the labelled voxels instead of one scan of the array per label."""
+    flat = a.ravel()
+    nz = np.flatnonzero(flat)
+    order = np.argsort(flat[nz], kind="stable")
+    nz, labs = nz[order], flat[nz][order]
+    uniq, starts = np.unique(labs, return_index=True)
+    idx = np.column_stack(np.unravel_index(nz, a.shape))
+    return {int(l): idx[s:e] for l, s, e in zip(uniq, starts, [*starts[1:], len(nz)])}
 
 # %% ../nbs/27_recheck.ipynb #88e0c7ea
 def sitk_points(path: str | os.PathLike) -> tuple[dict[int, np.ndarray], float, str]:
@@ -33,16 +45,15 @@ def sitk_points(path: str | os.PathLike) -> tuple[dict[int, np.ndarray], float, 
         import nibabel as nib
         n = nib.load(str(path))
         a, A = np.asarray(n.dataobj), n.affine
-        pts = {int(l): np.argwhere(a == l).astype(float) @ A[:3, :3].T + A[:3, 3] for l in np.unique(a) if l}
+        pts = {l: idx.astype(float) @ A[:3, :3].T + A[:3, 3] for l, idx in label_voxels(a).items()}
         return pts, float(abs(np.linalg.det(A[:3, :3]))) / 1000, "nibabel"
     a = sitk.GetArrayFromImage(img)                                  # (z, y, x)
     D = np.array(img.GetDirection()).reshape(3, 3)
     sp, org = np.array(img.GetSpacing()), np.array(img.GetOrigin())
     out = {}
-    for l in np.unique(a):
-        if l == 0: continue
-        idx = np.argwhere(a == l)[:, ::-1].astype(float)             # (i, j, k) in SimpleITK's x, y, z order
-        out[int(l)] = (org + (idx * sp) @ D.T) * (-1, -1, 1)         # LPS -> RAS+
+    for l, idx in label_voxels(a).items():
+        idx = idx[:, ::-1].astype(float)                             # (i, j, k) in SimpleITK's x, y, z order
+        out[l] = (org + (idx * sp) @ D.T) * (-1, -1, 1)              # LPS -> RAS+
     return out, float(np.prod(sp)) / 1000, "SimpleITK"
 
 # %% ../nbs/27_recheck.ipynb #10afac6d

@@ -10,19 +10,49 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from .core import atomic_write
-from .stats import cohen_kappa
-from .validate import INCLUDE_ABOVE, review_sheet
+from .core import dumps
+from .questions import LETTERS
+from .stats import cohen_kappa, fleiss_kappa
 
 # %% auto #0
-__all__ = ['REVIEW_CRITERIA', 'SCORE_MEANING', 'READ_CRITERIA', 'reader_sheet', 'write_reader_sheet', 'read_reader_sheets',
-           'inclusion', 'pair_kappas', 'apply_review', 'clinical_read_sample', 'clinical_read_summary']
+__all__ = ['SCORES', 'INCLUDE_ABOVE', 'REVIEW_CRITERIA', 'SCORE_MEANING', 'READ_CRITERIA', 'review_sheet', 'write_review_sheet',
+           'reader_sheet', 'write_reader_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'read_reader_sheets', 'inclusion', 'pair_kappas', 'apply_review', 'clinical_read_sample',
+           'clinical_read_summary', 'add_cli']
+
+# %% ../nbs/26_review.ipynb #8eb4a268
+SCORES = {0: "reject: wrong, ambiguous or not answerable from the scan",
+          1: "minor issue: answerable, but the wording or options need a fix",
+          2: "accept"}
+INCLUDE_ABOVE = 1.0
+
+def review_sheet(records: Sequence[dict], raters: int = 2) -> pd.DataFrame:
+    "The review sheet of `records`: qid, scan, task, question, options A-D, answer, the CT path, and per rater a score and comment column."
+    rows = []
+    for r in records:
+        opts = list(r.get("options") or []) + [""] * 4
+        row = {"qid": r["qid"], "scan_id": r["scan_id"], "task": r["task"], "question": r["question"],
+               **dict(zip(LETTERS, opts[:4])), "answer": r["answer"], "answer_text": r["answer_text"],
+               "image": ";".join(p for p in (r.get("images") or []) if p)}
+        for k in range(1, raters + 1): row[f"rater_{k}_score"], row[f"rater_{k}_comment"] = "", ""
+        rows.append(row)
+    cols = ["qid", "scan_id", "task", "question", *LETTERS, "answer", "answer_text", "image"]
+    cols += [c for k in range(1, raters + 1) for c in (f"rater_{k}_score", f"rater_{k}_comment")]
+    return pd.DataFrame(rows, columns=cols)
+
+def write_review_sheet(records: Sequence[dict], path: str | os.PathLike, raters: int = 2) -> Path:
+    "Write `review_sheet(records, raters)` to `path` as CSV (UTF-8, atomically)."
+    with atomic_write(path, newline="") as f: review_sheet(records, raters).to_csv(f, index=False)
+    return Path(path)
 
 # %% ../nbs/26_review.ipynb #3e6ac69a
 REVIEW_CRITERIA = ("clinical_logicality", "quantitative_consistency", "exhaustive_mutuality")
@@ -38,6 +68,58 @@ def write_reader_sheet(records: Sequence[Mapping], path: str | os.PathLike) -> P
     "Write `reader_sheet(records)` to `path` as CSV (UTF-8, atomically)."
     with atomic_write(path, newline="") as f: reader_sheet(records).to_csv(f, index=False)
     return Path(path)
+
+# %% ../nbs/26_review.ipynb #ab5d6fec
+class Reviews(NamedTuple):
+    "What `read_reviews` returns."
+    mean: pd.Series          # mean score per qid (NaN: nobody rated it)
+    included: pd.Series      # mean > 1.0, per qid
+    agreement: dict          # method, kappa, raters, items, percent_agreement
+
+def collect_reviews(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> pd.DataFrame:
+    "Scores of every rater in the filled review sheets at `paths`: one row per qid, one column per rater (`<sheet>:rater_<k>`)."
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    cols = {}
+    stems = [Path(p).stem for p in paths]
+    for p, stem in zip(paths, stems):
+        df = pd.read_csv(p, dtype=str, keep_default_na=False)
+        if "qid" not in df.columns: raise ValueError(f"{p}: not a review sheet (no qid column)")
+        dup = df["qid"][df["qid"].duplicated()].tolist()
+        if dup: raise ValueError(f"{p}: qid {dup[0]} appears more than once")
+        tag = stem if stems.count(stem) == 1 else str(p)
+        for c in df.columns:
+            m = re.fullmatch(r"rater_(\d+)_score", c)
+            if not m: continue
+            raw = df[c].str.strip()
+            badv = raw[(raw != "") & ~raw.isin(["0", "1", "2", "0.0", "1.0", "2.0"])]
+            if len(badv):
+                i = badv.index[0]
+                raise ValueError(f"{p}: {c} of {df.loc[i, 'qid']} is {badv.iloc[0]!r}; scores are 0, 1 or 2")
+            vals = pd.to_numeric(raw.replace("", np.nan))
+            if vals.notna().any(): cols[f"{tag}:rater_{m.group(1)}"] = pd.Series(vals.to_numpy(), index=df["qid"])
+    return pd.DataFrame(cols)
+
+def agreement(scores: pd.DataFrame, weights: str | None = None) -> dict:
+    "Inter-rater agreement of a `collect_reviews` table over the questions every rater scored."
+    full = scores.dropna()
+    n_r, n_i = scores.shape[1], len(full)
+    out = {"raters": n_r, "items": n_i, "method": None, "kappa": None, "percent_agreement": None}
+    if n_r < 2 or n_i == 0: return out
+    out["percent_agreement"] = round(float((full.nunique(axis=1) == 1).mean()), 4)
+    if n_r == 2:
+        k = cohen_kappa(full.iloc[:, 0].astype(int), full.iloc[:, 1].astype(int), labels=list(SCORES), weights=weights)
+        out["method"] = "cohen" if weights is None else f"cohen_{weights}"
+    else:
+        counts = np.stack([(full.to_numpy() == s).sum(1) for s in SCORES], axis=1)
+        k, out["method"] = fleiss_kappa(counts), "fleiss"
+    out["kappa"] = None if math.isnan(k) else round(k, 4)
+    return out
+
+def read_reviews(paths, weights: str | None = None) -> Reviews:
+    "Mean score, inclusion (mean > 1.0) and inter-rater agreement from filled review sheets (see `collect_reviews`)."
+    scores = collect_reviews(paths)
+    mean = scores.mean(axis=1) if scores.shape[1] else pd.Series(dtype=float)
+    return Reviews(mean.rename("mean_score"), (mean > INCLUDE_ABOVE).rename("included"), agreement(scores, weights))
 
 # %% ../nbs/26_review.ipynb #9e51cf72
 def read_reader_sheets(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> pd.DataFrame:
@@ -151,3 +233,21 @@ def clinical_read_summary(sheet: pd.DataFrame) -> dict:
     return {"questions": int(len(sheet)), **{c: round(float(yes(c).mean()), 4) for c in READ_CRITERIA},
             "all_three": round(float(ok.mean()), 4),
             "by_task": {t: round(float(ok[sheet.task == t].mean()), 4) for t in sorted(set(sheet.task))}}
+
+# %% ../nbs/26_review.ipynb #bf88b197
+def _cli_reviews(a) -> int:
+    rv = read_reviews(a.sheets, weights=a.weights)
+    res = {"questions": int(len(rv.mean)), "rated": int(rv.mean.notna().sum()), "included": int(rv.included.sum()),
+           "agreement": rv.agreement}
+    if a.out:
+        with atomic_write(a.out, newline="") as f: pd.concat([rv.mean, rv.included], axis=1).to_csv(f, index_label="qid")
+    print(dumps(res, indent=2))
+    return 0
+
+def add_cli(subparsers) -> None:
+    "Add the `reviews` subcommand to an argparse `subparsers` object (`spatialvqa validate` runs the validate stage: `cli`)."
+    r = subparsers.add_parser("reviews", help="mean score, inclusion and inter-rater agreement from filled review sheets")
+    r.add_argument("sheets", nargs="+", help="filled review_sheet CSV files")
+    r.add_argument("--weights", choices=["linear", "quadratic"], default=None, help="weighted Cohen's kappa (two raters)")
+    r.add_argument("--out", help="CSV of mean score and inclusion per qid")
+    r.set_defaults(func=_cli_reviews)

@@ -176,7 +176,8 @@ def test_replay_miss_is_an_error(tmp_path):
 
 def test_specialists_are_blind_answerers():
     "The fit/predict protocol of spatialvqa.validate's answerers: its cross_fit_answerers takes specialists as they are."
-    from spatialvqa.validate import cross_fit_answerers, trivial
+    from spatialvqa.validate.answerers import cross_fit_answerers
+    from spatialvqa.validate.chance import trivial
 
     class Say:
         name = "say"
@@ -231,7 +232,7 @@ def test_agents_live_gemma_10_questions(tmp_path):
 
 def test_specialist_from_filter_config(tmp_path):
     "A specialist built from the JSON-ready config a filter's params can carry, answering inside validate's cross_fit_answerers."
-    from spatialvqa.validate import cross_fit_answerers
+    from spatialvqa.validate.answerers import cross_fit_answerers
     Retriever(A.anatomy_passages()).save(tmp_path / "idx")
     with FakeOpenAIServer(fake_agents) as srv:
         cfgs = [{"answerer": "specialist", "llm": f"openai:fake-agent@{srv.base_url}", "cache": str(tmp_path / "c.jsonl"),
@@ -248,7 +249,8 @@ def test_filter_builds_specialists_from_params_config(tmp_path):
     """validate.llm with {"answerer": "specialist", ...} entries: the filter's `make_answerers` builds the specialists
     through the `spatialvqa.answerers` entry point (validate cannot import agents), and they answer as above; the
     paper's rule (a question is discarded when at least two of the three succeed) is the filter's rule `at_least_two`."""
-    from spatialvqa.validate import LLMAnswerer, cross_fit_answerers, make_answerers, trivial
+    from spatialvqa.validate.answerers import LLMAnswerer, cross_fit_answerers, make_answerers
+    from spatialvqa.validate.chance import trivial
     Retriever(A.anatomy_passages()).save(tmp_path / "idx")
     with FakeOpenAIServer(fake_agents) as srv:
         cfgs = [{"answerer": "specialist", "llm": f"openai:fake-agent@{srv.base_url}", "cache": str(tmp_path / "c.jsonl"),

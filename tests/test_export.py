@@ -21,7 +21,7 @@ from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
 from spatialvqa.prompt import build_prompt
 from spatialvqa.questions import LETTERS, generate_questions
-from spatialvqa.validate import validate
+from spatialvqa.validate.pipeline import validate
 
 
 @pytest.fixture(scope="module")

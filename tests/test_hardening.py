@@ -235,7 +235,7 @@ def test_api_key_in_params_yaml_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("section,read", [
-    ("validate.llm", lambda cfg: __import__("spatialvqa.validate", fromlist=["x"]).LLMAnswerer(cfg)),
+    ("validate.llm", lambda cfg: __import__("spatialvqa.validate.answerers", fromlist=["x"]).LLMAnswerer(cfg)),
     ("ctsvqa_score.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
     ("ctsvqa_generate.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
     ("infer.models.x", lambda cfg: M.model_entry("x", {"adapter": "openai", "config": cfg})),

@@ -8,45 +8,39 @@ import json
 import re
 from pathlib import Path
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = "spatialvqa"
+SD = load_script("scripts/stage_deps.py")
 
 
-def notebook_order(nbs: Path = ROOT / "nbs") -> dict[str, tuple[int, str]]:
-    "Module name -> (number, notebook stem), from the `#| default_exp` of every numbered library notebook."
-    out: dict[str, tuple[int, str]] = {}
-    for p in sorted(nbs.glob("[0-9]*.ipynb")):
+def notebook_order(nbs: Path = ROOT / "nbs") -> dict[str, tuple[tuple[int, ...], str]]:
+    """Module name -> (number, notebook), from the `#| default_exp` of every numbered library notebook. A subpackage's
+    notebooks sit in a numbered folder (`24_validate/01_answerers.ipynb`: number (24, 1)), read in its order."""
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for p in sorted([*nbs.glob("[0-9]*.ipynb"), *nbs.glob("[0-9]*/[0-9]*.ipynb")]):
+        rel = p.relative_to(nbs).with_suffix("")
+        number = tuple(int(re.match(r"\d+", part).group()) for part in rel.parts)
         for c in json.loads(p.read_text())["cells"]:
             m = re.match(r"#\|\s*default_exp\s+(\S+)", "".join(c["source"]).strip())
             if c["cell_type"] == "code" and m:
-                assert m.group(1) not in out, f"{m.group(1)} exported by two notebooks: {out[m.group(1)][1]} and {p.stem}"
-                out[m.group(1)] = (int(re.match(r"\d+", p.stem).group()), p.stem)
+                assert m.group(1) not in out, f"{m.group(1)} exported by two notebooks: {out[m.group(1)][1]} and {rel}"
+                out[m.group(1)] = (number, str(rel))
                 break
     return out
 
 
-def imports_of(source: str, module: str, modules: set[str] | None = None) -> set[str]:
-    """The `spatialvqa` modules that `source` (the module `module`) imports, anywhere in it. A string constant that
-    names one of `modules` ("spatialvqa.x": `importlib.import_module` arguments, plugin lists) counts as an import."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(PKG + ".")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:                                   # from .x import y / from . import x
-                base = node.module.split(".")[0] if node.module else None
-                found |= {base} if base else {a.name for a in node.names}
-            elif node.module == PKG: found |= {a.name for a in node.names}
-            elif node.module and node.module.startswith(PKG + "."): found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(PKG + r"\.\w+", node.value):
-            if modules is None or node.value.split(".")[1] in modules: found.add(node.value.split(".")[1])
-    return found - {module}
+def imports_of(source: str, module: str, modules: set[str]) -> set[str]:
+    """The `spatialvqa` modules of `modules` that `source` (the module `module`, dotted below the package) imports,
+    anywhere in it (scripts/stage_deps.py's reading: relative imports, lazy ones, module names as strings)."""
+    return SD._imports(ast.parse(source), set(modules), module) - {module}
 
 
 def graph(pkg: Path = ROOT / PKG) -> dict[str, set[str]]:
-    "Module -> the spatialvqa modules it imports, for every exported module."
-    files = [p for p in sorted(pkg.glob("*.py")) if not p.stem.startswith("_")]
-    return {p.stem: imports_of(p.read_text(), p.stem, {f.stem for f in files}) for p in files}
+    "Module -> the spatialvqa modules it imports, for every exported module (`validate.chance` for a subpackage's)."
+    files = SD.module_files(pkg.parent)
+    return {m: imports_of(p.read_text(), m, set(files)) for m, p in files.items()}
 
 
 def violations(g: dict[str, set[str]], order: dict[str, tuple[int, str]]) -> list[str]:
@@ -91,8 +85,15 @@ def test_the_checks_can_fail():
     src = "import os\nfrom .core import x\ndef f():\n    from spatialvqa import late\n    import spatialvqa.stats\n" \
           "PLUGINS = ('spatialvqa.cli',)\nGROUP = 'spatialvqa.adapters'\n"
     assert imports_of(src, "mid", {"core", "late", "stats", "cli", "mid"}) == {"core", "late", "stats", "cli"}
-    order = {"core": (0, "00_core"), "stats": (1, "01_stats"), "mid": (20, "20_mid"), "late": (40, "40_late"), "cli": (49, "49_cli")}
+    order = {"core": ((0,), "00_core"), "stats": ((1,), "01_stats"), "mid": ((20,), "20_mid"), "late": ((40,), "40_late"),
+             "cli": ((49,), "49_cli")}
     assert violations({"mid": imports_of(src, "mid", set(order))}, order) == ["mid (20_mid) imports cli (49_cli)", "mid (20_mid) imports late (40_late)"]
+    sub = "from .answerers import x\nfrom ..core import y\nfrom spatialvqa.validate import chance\n"
+    assert imports_of(sub, "validate.pipeline", {"core", "validate.answerers", "validate.chance", "validate.pipeline"}) == \
+        {"core", "validate.answerers", "validate.chance"}
+    order |= {"validate.answerers": ((24, 1), "24_validate/01_answerers"), "validate.pipeline": ((24, 3), "24_validate/03_pipeline")}
+    assert violations({"validate.answerers": {"validate.pipeline", "core"}}, order) == \
+        ["validate.answerers (24_validate/01_answerers) imports validate.pipeline (24_validate/03_pipeline)"]
     assert violations({"mid": {"ghost"}}, order) == ["mid imports spatialvqa.ghost, which no notebook exports"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

@@ -34,15 +34,16 @@ def test_writer_shows_code_but_not_hidden_cells(tmp_path):
 def notebooks() -> dict[str, str]:
     "Library notebook stem -> the module it exports (`#| default_exp`)."
     out = {}
-    for p in sorted((ROOT / "nbs").glob("[0-9]*.ipynb")):
+    nbs = ROOT / "nbs"
+    for p in sorted([*nbs.glob("[0-9]*.ipynb"), *nbs.glob("[0-9]*/[0-9]*.ipynb")]):
         for c in json.loads(p.read_text())["cells"]:
             m = re.match(r"#\|\s*default_exp\s+(\S+)", "".join(c["source"]).strip())
-            if c["cell_type"] == "code" and m: out[p.stem] = m.group(1); break
+            if c["cell_type"] == "code" and m: out[str(p.relative_to(nbs).with_suffix(""))] = m.group(1); break
     return out
 
 
 def test_module_table_lists_every_notebook():
-    rows = dict(re.findall(r"^\| `(\d\d_\w+)` \| `(\w+)` \|", (ROOT / "README.md").read_text(), re.M))
+    rows = dict(re.findall(r"^\| `(\d\d_\w+(?:/\d\d_\w+)?)` \| `([\w.]+)` \|", (ROOT / "README.md").read_text(), re.M))
     assert rows == notebooks(), "the README's module table must list every library notebook with its module"
 
 

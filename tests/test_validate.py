@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spatialvqa import validate as V
+from spatialvqa.validate import filters as VF, answerers as VA, chance as VC, pipeline as VP
+from spatialvqa import review as RV
 from spatialvqa.counterfactual import pair_key, scan_family
 from spatialvqa.anatomy import reference_range
 from spatialvqa.stats import cohen_kappa, fleiss_kappa, group_folds
@@ -46,7 +47,7 @@ def bench(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def val(bench):
-    return V.validate(bench["recs"], bench["table"], bench["scans"], seed=0)
+    return VP.validate(bench["recs"], bench["table"], bench["scans"], seed=0)
 
 
 def _chance_upper(n, p=0.25, z=1.96):
@@ -74,18 +75,18 @@ def test_blind_near_chance_on_kept_and_above_chance_on_removed(val):
 def test_filter_report_counts_add_up(bench, val):
     recs = bench["recs"]
     rep = val.report.set_index("task")
-    assert (rep[[*V.FILTERS, "kept"]].sum(axis=1) == rep["questions"]).all()
+    assert (rep[[*VP.FILTERS, "kept"]].sum(axis=1) == rep["questions"]).all()
     assert rep.loc["all", "questions"] == len(recs) and rep.loc["all", "kept"] == len(val.kept)
     assert rep.drop("all")["questions"].sum() == len(recs)
     by = Counter((r["task"], r["removed_by"]) for r in val.removed)
     for t in rep.index.drop("all"):
-        for f in V.FILTERS: assert rep.loc[t, f] == by[(t, f)]
+        for f in VP.FILTERS: assert rep.loc[t, f] == by[(t, f)]
     kept, removed = {r["qid"] for r in val.kept}, {r["qid"] for r in val.removed}
     assert kept.isdisjoint(removed) and kept | removed == {r["qid"] for r in recs}
-    assert all(r["removed_by"] in V.FILTERS and r["reason"] for r in val.removed)
+    assert all(r["removed_by"] in VP.FILTERS and r["reason"] for r in val.removed)
     assert all(set(r["blind"]) == {"prior", "text"} for r in val.kept)
-    assert all(np.mean(list(r["blind_vote"].values())) < V.SOFT_MAJORITY for r in val.kept)      # soft majority
-    assert all(np.mean(list(r["blind_vote"].values())) >= V.SOFT_MAJORITY for r in val.removed
+    assert all(np.mean(list(r["blind_vote"].values())) < VC.SOFT_MAJORITY for r in val.kept)      # soft majority
+    assert all(np.mean(list(r["blind_vote"].values())) >= VC.SOFT_MAJORITY for r in val.removed
                if r["removed_by"] == "triviality" and not r["reason"].startswith("removed with its pair"))
     # a question and its counterfactual twins are kept or removed together
     fate = {}
@@ -94,14 +95,14 @@ def test_filter_report_counts_add_up(bench, val):
     assert all(len(v) == 1 for v in fate.values())
     assert sum(bool(r.get("pair_of")) for r in recs) == 0 or any(r.get("pair_of") for r in val.kept)
     assert all(0 <= r["blind_right"] <= 2 for r in val.kept)
-    assert val.summary["removed_by"] == {f: rep.loc["all", f] for f in V.FILTERS}
+    assert val.summary["removed_by"] == {f: rep.loc["all", f] for f in VP.FILTERS}
     assert [r["qid"] for r in val.kept] == [r["qid"] for r in recs if r["qid"] in kept]      # input order kept
-    md = V.report_markdown(val)
+    md = VP.report_markdown(val)
     assert "| all |" in md and "Blind accuracy" in md
 
 
 def test_deterministic(bench, val):
-    again = V.validate(bench["recs"], bench["table"], bench["scans"], seed=0, audit=None)
+    again = VP.validate(bench["recs"], bench["table"], bench["scans"], seed=0, audit=None)
     assert [r["qid"] for r in again.kept] == [r["qid"] for r in val.kept]
     assert [r["blind"] for r in again.kept] == [r["blind"] for r in val.kept]
     assert [r["blind_vote"] for r in again.kept] == [r["blind_vote"] for r in val.kept]
@@ -127,7 +128,7 @@ class _Spy:
 def test_cross_fitting_never_trains_on_the_scan_it_answers(bench):
     recs = bench["recs"]
     spy = _Spy()
-    preds = V.cross_fit_answerers(recs, [spy], folds=3, seed=4)
+    preds = VA.cross_fit_answerers(recs, [spy], folds=3, seed=4)
     assert len(spy.calls) == 3
     assert set().union(*(t for _, t in spy.calls)) == {scan_family(r) for r in recs}
     assert all(preds[r["qid"]]["spy"] == {"pred": "A" if r["format"] == "mc" else None, "proba": None} for r in recs)
@@ -148,7 +149,7 @@ def test_a_planted_shortcut_is_caught(bench):
             r = {**r, "options": o, "answer_text": o[i]}
             planted.add(r["qid"])
         recs.append(r)
-    v = V.validate(recs, bench["table"], bench["scans"], seed=0, audit=None)
+    v = VP.validate(recs, bench["table"], bench["scans"], seed=0, audit=None)
     gone = {r["qid"] for r in v.removed if r["removed_by"] == "triviality"}
     mc = [r["qid"] for r in recs if r["format"] == "mc" and r["qid"] not in {x["qid"] for x in v.removed
                                                                                   if x["removed_by"] != "triviality"}]
@@ -168,15 +169,15 @@ def test_plausibility(bench):
     lo, hi = reference_range("liver")
     assert lo < 3000 < hi
     table.loc[liver, "volume_ml"] = 2.0 * hi
-    kept, removed = V.plausibility(recs, table, scans)
-    about = [r for r in recs if (sid, "liver") in V.involved(r)]
+    kept, removed = VF.plausibility(recs, table, scans)
+    about = [r for r in recs if (sid, "liver") in VF.involved(r)]
     assert about and {r["qid"] for r in about} <= {r["qid"] for r in removed}
     why = {r["qid"]: r["reason"] for r in removed}
     assert all(f"liver in {sid}: volume {2.0 * hi:.1f} mL outside the reference range {lo:g}-{hi:g} mL" in why[r["qid"]] for r in about)
     # every removed question involves a flagged structure; switching the range test off keeps the liver questions
-    probs = V.structure_problems(table, scans)
-    assert all(any(k in probs for k in V.involved(r)) for r in removed)
-    kept2, _ = V.plausibility(recs, table, scans, ranges=False)
+    probs = VF.structure_problems(table, scans)
+    assert all(any(k in probs for k in VF.involved(r)) for r in removed)
+    kept2, _ = VF.plausibility(recs, table, scans, ranges=False)
     assert {r["qid"] for r in about} <= {r["qid"] for r in kept2}
     # a structure touching the scan's border: move the liver's box onto the edge of its scan
     sc = scans.set_index("scan_id").loc[sid]
@@ -184,10 +185,10 @@ def test_plausibility(bench):
     g = geometry_from_affine(sc["affine"], sc["shape"])
     t2 = bench["table"].copy()
     t2.loc[liver, "bbox_xmin"] = g.lo[0]
-    assert V.structure_problems(t2, scans)[(sid, "liver")] == "touches the border of the scan"
-    assert (sid, "liver") not in V.structure_problems(t2, None)          # no scans table: no border test
+    assert VF.structure_problems(t2, scans)[(sid, "liver")] == "touches the border of the scan"
+    assert (sid, "liver") not in VF.structure_problems(t2, None)          # no scans table: no border test
     tiny = bench["table"].copy(); tiny.loc[liver, "voxels"] = 10
-    assert V.structure_problems(tiny, scans, min_voxels=50)[(sid, "liver")] == "10 voxels < 50"
+    assert VF.structure_problems(tiny, scans, min_voxels=50)[(sid, "liver")] == "10 voxels < 50"
 
 
 def test_dedup():
@@ -198,14 +199,14 @@ def test_dedup():
     other_answer = {**base, "qid": "s-VOL-0", "answer_text": "1600 mL"}
     other_scan = {**base, "qid": "t-VOL-1", "scan_id": "t", "scan_ids": ["t"]}
     other_organ = {**base, "qid": "s-VOL-3", "question": "What is the volume of the spleen?"}
-    kept, removed = V.dedup([same, base, other_answer, other_scan, other_organ], threshold=0.9)
+    kept, removed = VF.dedup([same, base, other_answer, other_scan, other_organ], threshold=0.9)
     assert [r["qid"] for r in kept] == ["s-VOL-1", "s-VOL-0", "t-VOL-1", "s-VOL-3"]
     assert [(r["qid"], r["reason"]) for r in removed] == [("s-VOL-2", "near-identical to s-VOL-1")]
-    assert V.dedup([base, other_organ], threshold=0.5)[1][0]["qid"] == "s-VOL-3"
+    assert VF.dedup([base, other_organ], threshold=0.5)[1][0]["qid"] == "s-VOL-3"
     # order of words matters through bigrams
     ab = {**base, "question": "Where is the liver relative to the spleen?", "options": None, "answer_text": "right"}
     ba = {**ab, "qid": "s-VOL-9", "question": "Where is the spleen relative to the liver?"}
-    assert V.dedup([ab, ba])[1] == []
+    assert VF.dedup([ab, ba])[1] == []
 
 
 def test_cohen_kappa_matches_sklearn():
@@ -235,7 +236,7 @@ def test_fleiss_kappa():
 
 def test_review_round_trip(val, tmp_path):
     recs = val.kept[:8]
-    V.write_review_sheet(recs, tmp_path / "sheet.csv", raters=3)
+    RV.write_review_sheet(recs, tmp_path / "sheet.csv", raters=3)
     s = pd.read_csv(tmp_path / "sheet.csv", dtype=str, keep_default_na=False)
     assert list(s.columns) == ["qid", "scan_id", "task", "question", "A", "B", "C", "D", "answer", "answer_text", "image",
                                "rater_1_score", "rater_1_comment", "rater_2_score", "rater_2_comment",
@@ -246,7 +247,7 @@ def test_review_round_trip(val, tmp_path):
     r1 = [2, 2, 1, 0, 2, 1, 2, 0]; r2 = [2, 1, 1, 0, 2, 2, 2, 1]; r3 = [2, 2, 2, 0, 1, 1, 2, 0]
     s["rater_1_score"], s["rater_2_score"] = [str(x) for x in r1], [str(x) for x in r2]
     s.to_csv(tmp_path / "ab.csv", index=False)
-    two = V.read_reviews(tmp_path / "ab.csv")
+    two = RV.read_reviews(tmp_path / "ab.csv")
     assert two.mean.tolist() == [(a + b) / 2 for a, b in zip(r1, r2)]
     assert two.included.tolist() == [(a + b) / 2 > 1.0 for a, b in zip(r1, r2)]
     assert two.agreement["method"] == "cohen" and two.agreement["items"] == 8
@@ -255,15 +256,15 @@ def test_review_round_trip(val, tmp_path):
     c["rater_1_score"] = [str(x) for x in r3]
     c.loc[7, "rater_1_score"] = ""                                            # not rated
     c.to_csv(tmp_path / "c.csv", index=False)
-    three = V.read_reviews([tmp_path / "ab.csv", tmp_path / "c.csv"])
+    three = RV.read_reviews([tmp_path / "ab.csv", tmp_path / "c.csv"])
     assert three.agreement["method"] == "fleiss" and three.agreement["raters"] == 3 and three.agreement["items"] == 7
     counts = np.stack([[sum(x == k for x in (a, b, c_)) for k in (0, 1, 2)] for a, b, c_ in zip(r1[:7], r2[:7], r3[:7])])
     assert math.isclose(three.agreement["kappa"], fleiss_kappa(counts), abs_tol=1e-4)
     assert math.isclose(three.mean.iloc[7], 0.5)                              # mean of the two raters who rated it
     bad = s.copy(); bad.loc[2, "rater_2_score"] = "yes"; bad.to_csv(tmp_path / "bad.csv", index=False)
-    with pytest.raises(ValueError, match=f"rater_2_score of {recs[2]['qid']} is 'yes'"): V.read_reviews(tmp_path / "bad.csv")
+    with pytest.raises(ValueError, match=f"rater_2_score of {recs[2]['qid']} is 'yes'"): RV.read_reviews(tmp_path / "bad.csv")
     dup = pd.concat([s, s.iloc[:1]]); dup.to_csv(tmp_path / "dup.csv", index=False)
-    with pytest.raises(ValueError, match="more than once"): V.read_reviews(tmp_path / "dup.csv")
+    with pytest.raises(ValueError, match="more than once"): RV.read_reviews(tmp_path / "dup.csv")
 
 
 class _FakeLLM:
@@ -273,7 +274,7 @@ class _FakeLLM:
     def __init__(self): self.prompts = []
 
     def generate(self, prompts, max_tokens=512, temperature=0.0, json_mode=False, system=None):
-        assert system == V.BLIND_SYSTEM and temperature == 0.0
+        assert system == VA.BLIND_SYSTEM and temperature == 0.0
         self.prompts += prompts
         out = []
         for p in prompts:
@@ -286,16 +287,16 @@ def test_llm_specialists_vote(bench):
     scans = list(dict.fromkeys(scan_family(r) for r in bench["recs"]))[:2]  # cross-fitting needs two scans (families)
     recs = [r for s in scans for r in [x for x in bench["recs"] if x["scan_id"] == s][:30]]
     fake = _FakeLLM()
-    ans = V.make_answerers("prior", llm=[fake])
+    ans = VA.make_answerers("prior", llm=[fake])
     assert [a.name for a in ans] == ["prior", "llm:fake"]
-    v = V.validate(recs, seed=0, answerers="prior", llm=[fake], rule="all", audit=None)
+    v = VP.validate(recs, seed=0, answerers="prior", llm=[fake], rule="all", audit=None)
     assert all(set(r["blind"]) == {"prior", "llm:fake"} for r in v.kept)
     assert len(fake.prompts) == len(recs) - v.summary["removed_by"]["plausibility"] - v.summary["removed_by"]["dedup"]
     assert not any(r["scan_id"] in p for p in fake.prompts for r in recs)        # blind: no scan named
     assert set(fake.prompts) <= {build_prompt(r) for r in recs}
     for r in v.removed:
         if r["removed_by"] == "triviality": assert r["blind_right"] == 2
-    assert V.make_answerers("prior", llm="none") and len(V.make_answerers("", llm=None)) == 0
+    assert VA.make_answerers("prior", llm="none") and len(VA.make_answerers("", llm=None)) == 0
 
 
 def test_blind_replies_are_read_by_the_one_parser(bench):
@@ -303,13 +304,13 @@ def test_blind_replies_are_read_by_the_one_parser(bench):
     from spatialvqa.parse import parse_answer
     mc = next(r for r in bench["recs"] if r["format"] == "mc")
     num = next(r for r in bench["recs"] if r["format"] == "numeric" and r["unit"] == "mL")
-    assert V.blind_prompt(mc) == build_prompt(mc)
+    assert VA.blind_prompt(mc) == build_prompt(mc)
     for r, texts in ((mc, ["C", "(b)", "Answer: D.", "**A**", "A or B", "", "the answer is c"]),
                      (num, ["1,250 mL", "1.5 L", "2.053e+02 mL", "about 40 cc", "n/a", "between 100 and 200 mL"])):
         for t in texts:
             p = parse_answer(r, t)
-            assert V.blind_answer(r, t) == (p.value if p.ok else None), t
-    assert [V.blind_answer(num, t) for t in ["1.5 L", "2.053e+02 mL", "about 40 cc"]] == [1500.0, 205.3, 40.0]
+            assert VA.blind_answer(r, t) == (p.value if p.ok else None), t
+    assert [VA.blind_answer(num, t) for t in ["1.5 L", "2.053e+02 mL", "about 40 cc"]] == [1500.0, 205.3, 40.0]
 
 
 def test_llm_specialist_through_make_llm(bench):
@@ -318,19 +319,19 @@ def test_llm_specialist_through_make_llm(bench):
     recs = [r for r in bench["recs"] if r["format"] == "mc"][:6] + [r for r in bench["recs"] if r["format"] == "numeric"][:2]
     with llm.FakeOpenAIServer(reply=lambda body: "I believe the answer is (B)." if "letter" in body["messages"][-1]["content"]
                               else "Roughly 2.5 L") as srv:
-        ans = V.make_answerers("", llm={"backend": "openai", "model": "blind-test", "base_url": srv.base_url,
+        ans = VA.make_answerers("", llm={"backend": "openai", "model": "blind-test", "base_url": srv.base_url,
                                         "api_key_env": None, "max_attempts": 1})
-        preds = V.cross_fit_answerers(recs, ans, 2, seed=0)
+        preds = VA.cross_fit_answerers(recs, ans, 2, seed=0)
     name = ans[0].name
     assert name.startswith("llm:openai:blind-test")
     # "Roughly 2.5 L" reads as 2500 mL; asked for a ratio it has no number in the unit asked for: unread (None)
     assert [preds[r["qid"]][name]["pred"] for r in recs] == ["B"] * 6 + [2500.0 if recs[6]["unit"] == "mL" else None,
                                                                          2500.0 if recs[7]["unit"] == "mL" else None]
     body = srv.requests[0]["body"]
-    assert body["temperature"] == 0.0 and body["messages"][0] == {"role": "system", "content": V.BLIND_SYSTEM}
+    assert body["temperature"] == 0.0 and body["messages"][0] == {"role": "system", "content": VA.BLIND_SYSTEM}
     assert {m["content"] for b in srv.requests for m in b["body"]["messages"] if m["role"] == "user"} == \
         {build_prompt(r) for r in recs}
-    with pytest.raises(ValueError, match="no LLM configured"): V.LLMAnswerer({"backend": "none"})
+    with pytest.raises(ValueError, match="no LLM configured"): VA.LLMAnswerer({"backend": "none"})
 
 
 # --- FeatureMatrix: DictVectorizer's matrices, property-tested (the filter's text answerer depends on the equality) ---
@@ -345,7 +346,7 @@ _DICTS = st.lists(st.dictionaries(_NAMES, st.sampled_from([0.0, 1.0]), min_size=
 def test_feature_matrix_is_dictvectorizers(fit, apply):
     "Fitted on some dicts, applied to others (unseen names dropped): data, indices, indptr, shape and names all equal."
     from sklearn.feature_extraction import DictVectorizer
-    from spatialvqa.validate import FeatureMatrix, feature_codes
+    from spatialvqa.validate.answerers import FeatureMatrix, feature_codes
     dv, fm = DictVectorizer(), FeatureMatrix()
     pairs = [(dv.fit_transform(fit), fm.fit_transform([feature_codes(d) for d in fit])),
              (dv.transform(apply), fm.transform([feature_codes(d) for d in apply]))]
@@ -359,7 +360,7 @@ def test_text_answerer_fits_the_same_model_as_with_dictvectorizer(bench):
     "The text answerer's logistic regression, fitted on FeatureMatrix rows, is the one DictVectorizer's rows give, bit for bit."
     from sklearn.feature_extraction import DictVectorizer
     from sklearn.linear_model import LogisticRegression
-    from spatialvqa.validate import TextAnswerer, option_features
+    from spatialvqa.validate.answerers import TextAnswerer, option_features
     recs = [r for r in bench["recs"] if r["format"] == "mc"]
     ta = TextAnswerer().fit(recs)
     X, y = [], []

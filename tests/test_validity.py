@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from spatialvqa import questions as Q
-from spatialvqa import validate as V
+from spatialvqa.validate import answerers as VA, chance as VC, pipeline as VP
 from spatialvqa import counterfactual as CF
 from spatialvqa.anatomy import typical_volume
 from spatialvqa.convert import convert_datasets
@@ -66,8 +66,8 @@ def bench(tmp_path_factory, cohorts):
     by = defaultdict(list)
     for t in twins: by[t["pair_of"]].append(t)
     recs = [x for r in orig for x in (r, *by[r["qid"]])]
-    val = V.validate(recs, structures, scans, answerers=load_params("validate", ROOT / "params.yaml")["answerers"], rule="chance",
-                     protect=V.is_real, audit="prior,text,atlas", seed=0)
+    val = VP.validate(recs, structures, scans, answerers=load_params("validate", ROOT / "params.yaml")["answerers"], rule="chance",
+                     protect=VC.is_real, audit="prior,text,atlas", seed=0)
     return {"recs": recs, "kept": val.kept, "val": val, "scans": scans, "copies": copies}
 
 
@@ -201,8 +201,8 @@ def test_patient_medians_the_filter_never_used(bench):
     it filtered, answered the pipeline's phantom questions at 36.9 %)."""
     mc = [r for r in bench["kept"] if r["format"] == "mc"]
     for k in (2, 5):
-        a = V.SubjectAtlasAnswerer(k=k).fit(bench["recs"])
-        right = {r["qid"]: V.expected_right(r, V.predictions(a, [r])[0]) for r in mc}
+        a = VA.SubjectAtlasAnswerer(k=k).fit(bench["recs"])
+        right = {r["qid"]: VA.expected_right(r, VA.predictions(a, [r])[0]) for r in mc}
         by = defaultdict(list)
         for r in mc: by[r["task"]].append(right[r["qid"]])
         for task, xs in [("all", list(right.values())), *sorted(by.items())]:
@@ -223,7 +223,7 @@ def test_filter_counts_expected_accuracy(bench):
     for task, accs in s["blind"]["expected_after_by_task"].items():
         if task in s["rounds"]["settled_tasks"]: continue
         for name, acc in accs.items():
-            assert abs(acc - CHANCE) <= V.CHANCE_DRIFT * s["settings"]["tol"] + 1e-9, (task, name, acc)
+            assert abs(acc - CHANCE) <= VC.CHANCE_DRIFT * s["settings"]["tol"] + 1e-9, (task, name, acc)
 
 
 def test_filter_sees_the_letters_that_ship(bench):
@@ -237,8 +237,8 @@ def test_filter_sees_the_letters_that_ship(bench):
     numeric = [r for r in bench["val"].removed if r["removed_by"] == "triviality" and r["format"] != "mc"]
     order = {r["qid"]: i for i, r in enumerate(bench["recs"])}
     names = [a for a in s["settings"]["answerers"] if a not in ("atlas_subject", "atlas_3subjects")]
-    ans = V.make_answerers(",".join(names), seed=s["settings"]["seed"])
-    _, right = V.blind_answers(sorted(kept + numeric, key=lambda r: order[r["qid"]]), ans, s["settings"]["folds"],
+    ans = VA.make_answerers(",".join(names), seed=s["settings"]["seed"])
+    _, right = VA.blind_answers(sorted(kept + numeric, key=lambda r: order[r["qid"]]), ans, s["settings"]["folds"],
                                s["settings"]["split_seeds"])
     checked = 0
     for task, accs in s["blind"]["expected_after_by_task"].items():
@@ -251,7 +251,7 @@ def test_filter_sees_the_letters_that_ship(bench):
 
 def test_real_share_and_tasks(bench):
     kept = bench["kept"]
-    real = [r for r in kept if V.is_real(r)]
+    real = [r for r in kept if VC.is_real(r)]
     print(f"real scans: {len(real)} of {len(kept)}", Counter((r["source"], r["task"]) for r in real))
     # With the inter-reader margins of params.yaml on every real scan (a phantom's keys are exact), this cohort's four
     # real scans (two thin slabs, two pyradiomics chest CTs) keep only EXT, VOL and VOLEST questions: 15 of 157 on main.
