@@ -268,27 +268,19 @@ def _none(v):
     return None if v is None or str(v).strip().lower() in ("", "none", "null") else v
 
 
-def validate_kwargs(params: Mapping) -> tuple[dict, list[str]]:
-    "validate()'s keywords as the validate stage passes them from params.yaml (an LLM answerer left out, said so)."
-    from spatialvqa.core import flag
-    from spatialvqa.validate.chance import is_real
+def validate_config(params: Mapping):
+    "The validate stage's config from params.yaml (an LLM answerer left out, said so)."
+    from spatialvqa.validate.pipeline import ValidateConfig
     v, notes = params["validate"], []
     if _none(v.get("llm")) is not None: notes.append("validate.llm is set: the LLM answerers need a server and are left out")
-    kw = dict(plausible=flag(v["plausibility"]), min_voxels=int(v["min_voxels"]), ranges=flag(v["ranges"]),
-              border=flag(v["border"]), max_components=None if _none(v["max_components"]) is None else int(v["max_components"]),
-              dedup_threshold=None if _none(v["dedup_threshold"]) is None else float(v["dedup_threshold"]),
-              answerers=str(v["answerers"]), llm=None, rule=str(v["rule"]), folds=int(v["folds"]), seed=int(v["seed"]),
-              rel_tol=float(v["rel_tol"]), audit=_none(v["audit"]), balance=flag(v["balance"]), protect=is_real,
-              splits=int(v["splits"]), tol=float(v["tol"]), method=str(v["method"]),
-              family_cap=_none(v["family_cap"]) and float(v["family_cap"]),
-              letter_slack=_none(v["letter_slack"]) and float(v["letter_slack"]))
-    return kw, notes
+    return ValidateConfig.from_params(v, llm=None), notes
 
 
 def stage_validate(ctx: dict) -> None:
+    from spatialvqa.validate.chance import is_real
     from spatialvqa.validate.pipeline import validate
-    kw, _ = validate_kwargs(ctx["params"])
-    ctx["validation"] = validate(ctx["questions"], ctx["table"], ctx["scan_table"], **kw)
+    config, _ = validate_config(ctx["params"])
+    ctx["validation"] = validate(ctx["questions"], ctx["table"], ctx["scan_table"], config, protect=is_real)
 
 
 STAGE_FUNCTIONS: dict[str, Callable[[dict], None]] = {
@@ -487,7 +479,7 @@ def main(argv=None, stages: Mapping[str, Callable[[dict], None]] | None = None) 
     try:
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; per-scan stages on "
               f"{workers} local processes; load average {load_avg()}", flush=True)
-        _, vnotes = validate_kwargs(params)
+        _, vnotes = validate_config(params)
         cohorts = {n: None for n in sizes}
         t0 = time.perf_counter()
         n_ph = max(plan_for(n, params, real)[0]["phantom"] for n in sizes)

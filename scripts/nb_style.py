@@ -32,10 +32,10 @@ def is_export(c: dict) -> bool:
 
 
 def defines(c: dict) -> bool:
-    "An exported cell that defines something (not only imports, `__all__`, the module's logger or comments)."
+    "An exported cell that defines something (not only imports, typing-only imports, `__all__`, the module's logger or comments)."
     if not is_export(c): return False
     body = [l for l in _src(c).splitlines() if l.strip() and not l.lstrip().startswith("#")]
-    return any(not re.match(r"\s*(from\s+\S+\s+import|import\s|\)|__all__|log(ger)?\s*=)", l) and not l.startswith((" ", "\t"))
+    return any(not re.match(r"\s*(from\s+\S+\s+import|import\s|\)|__all__|log(ger)?\s*=|if TYPE_CHECKING:)", l) and not l.startswith((" ", "\t"))
                or re.match(r"\s*(def|class|async def)\s", l) for l in body)
 
 

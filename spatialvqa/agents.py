@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import REFERENCE, readable, reference_range
-from .core import dumps, get_logger, stable_hash
+from .core import get_logger
 from .llm import JSONRepairError, make_llm, parse_json
 from .parse import parse_answer
 from .prompt import build_prompt
-from .questions import LETTERS, MIN_RATIO, MC_TASKS, TASKS, TEMPLATES, evaluate, fmt_number, rederive
+from .questions import LETTERS, MIN_RATIO, TASKS, TEMPLATES, fmt_number, rederive
 from .retrieval import Retriever, passage, queries_for, report_passages, retrieve
 from .validate.answerers import is_right
 from .validate.pipeline import filter_report

@@ -722,7 +722,7 @@ def convert_phantom(src: str | os.PathLike, out: str | os.PathLike, workers: int
 
 
 # %% ../nbs/17_convert.ipynb #rtc00002
-from .anatomy import ALL_LABELS, TUMOURS
+from .anatomy import TUMOURS
 from .rtstruct import SLICE_TOL, read_header, read_rtstruct
 
 _RT_SIDES = {"l": "left", "lt": "left", "left": "left", "r": "right", "rt": "right", "right": "right"}

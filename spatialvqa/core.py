@@ -27,6 +27,9 @@ from typing import Any
 import numpy as np
 # yaml and concurrent.futures (which loads multiprocessing) are imported where they are used: a short command such as
 # `spatialvqa measure` imports this module and needs neither (about 0.05 s of its start-up)
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:     # for annotations only: pandas is imported where it is used
+    import pandas as pd
 
 # %% auto #0
 __all__ = ['SHARED', 'RESULT_DIGITS', 'OKABE_ITO', 'SERIES', 'GREY', 'PNG_METADATA', 'project_root', 'load_params', 'shared_data',

@@ -23,7 +23,7 @@ from .core import PNG_METADATA, get_logger, parallel_map, read_json, stable_hash
 from .measure import Structure, measure_labels
 from .questions import (
     AskPolicy, LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
-    Geometry, measured_structure, measurement, patient_of, structure_from_row, structure_weight, vol_larger)
+    measured_structure, measurement, patient_of, structure_from_row, structure_weight, vol_larger)
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
@@ -72,7 +72,7 @@ _SPINE = ("sacrum", "spinal_cord")
 def mirror_plane(labels: Volume, about: str | float = "centre", names: Mapping | None = None) -> float:
     "World x (mm) of the sagittal mirror plane: the scan's centre, the spine's mean x (`'midline'`), or a number."
     if isinstance(about, (int, float)) and not isinstance(about, bool): return float(about)
-    A, shape = labels.affine, labels.shape
+    shape = labels.shape
     corners = np.array([[i, j, k] for i in (0, shape[0] - 1) for j in (0, shape[1] - 1) for k in (0, shape[2] - 1)])
     centre = float((labels.to_world(corners)[:, 0].min() + labels.to_world(corners)[:, 0].max()) / 2)
     if about == "centre": return centre

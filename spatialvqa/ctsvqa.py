@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import append_jsonl, atomic_write, get_logger, mask_secrets, progress, project_root, read_jsonl, stable_hash, write_csv, write_json, write_jsonl
+from .core import atomic_write, get_logger, mask_secrets, progress, project_root, read_jsonl, stable_hash, write_csv, write_json, write_jsonl
 from .embed import sbert_embed, sbert_missing
 from .reports import JUDGE_ORDER, ctsvqa_model_name, read_ctsvqa_judgments
 from .stats import bootstrap_cis, cluster_labels, cross_fit, percentile_interval, resampled_sums, with_ci

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .core import atomic_write, check_output, dumps, get_logger, read_json, read_jsonl, read_records, resolve_path, write_jsonl
+from .core import atomic_write, check_output, dumps, get_logger, read_json, read_records, resolve_path, write_jsonl
 from . import parse, prompt, stats
 from .prompt import build_prompt
 from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, markdown_table
@@ -159,7 +159,7 @@ def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | N
              "size_categories:", f"- {size}", "configs:", "- config_name: default", "  data_files:",
              "  - split: test", f"    path: {name}.parquet", "---", ""]
     scans = sorted({s for r in records for s in r["scan_ids"]})
-    body = [f"# SpatialVQA Track A: mask-grounded spatial questions on CT", "",
+    body = ["# SpatialVQA Track A: mask-grounded spatial questions on CT", "",
             f"{n} questions about {len(scans)} CT scans, written from segmentation masks by `spatialvqa` and answered "
             "by its spatial tools (volumes, distances, extents, directions in RAS+ world millimetres). Five tasks are "
             "multiple choice with four options (DIR direction, DIST distance, EXT extent, VOL volume, COMP comparison) "
@@ -239,7 +239,6 @@ def write_dataset_card(records: Sequence[dict], out: str | os.PathLike, name: st
         f.write(dataset_card(records, name, summary, sources, columns, views_info, aggregates))
     with atomic_write(Path(out) / "LICENSE.md") as f: f.write(licence_text(sources or {}, name))
     return Path(out) / "README.md"
-
 
 # %% ../nbs/46_export.ipynb #cf8a47a7
 _LMMS_HEAD = '''"""lmms-eval task functions for the SpatialVQA Track A benchmark, written by spatialvqa.export (re-export, do not edit).

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .core import atomic_write, get_logger, sha256_file, write_json
+from .core import atomic_write, get_logger, sha256_file
 
 # %% auto #0
 __all__ = ['PYRADIOMICS_REV', 'CTSVQA_REV', 'SOURCES', 'TOTALSEG_REV', 'OPENKBP_REV', 'TCIA_HN_REV', 'MIRP_REV', 'TOTALSEG_SDIST',

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import OKABE_ITO, PNG_METADATA, SERIES, plot_grouped_ci, plot_length_distributions, series_colours
+from .core import OKABE_ITO, PNG_METADATA, SERIES, plot_grouped_ci, plot_length_distributions
 from .questions import NO_TUMOUR, TASKS, composition_long
 from .scoring import ERROR_TYPES, SCORE_STATUSES, failure_type_table
 from .stats import word_counts

@@ -11,6 +11,9 @@ import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:     # for annotations only: numpy is imported where it is used
+    import numpy as np
 
 # %% auto #0
 __all__ = ['gunzip_bytes', 'prefetch', 'gunzip']

@@ -20,7 +20,10 @@ import numpy as np
 
 from .anatomy import label_name
 from .core import get_logger, parallel_map, read_json, resolve_path
-from .scan import Scan, Volume, read_scan
+from .scan import Scan, read_scan
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:     # for annotations only: pandas is imported where it is used
+    import pandas as pd
 
 # %% auto #0
 __all__ = ['STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'measure_labels', 'structures_table', 'bbox_center_distance',

@@ -309,7 +309,7 @@ _DECODING = ("max_tokens", "temperature", "system")
 _REMOTE_RUNTIME = ("base_url", "api_key_env", "timeout", "max_attempts", "backoff", "max_backoff", "workers")
 
 def _openai_backend():
-    from spatialvqa.llm import OpenAICompatible, to_messages
+    from spatialvqa.llm import OpenAICompatible
 
     class VisionOpenAI(OpenAICompatible):
         "`OpenAICompatible` whose prompts may be (text, image paths): images go as `image_url` data-URL parts."

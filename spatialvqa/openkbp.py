@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from .anatomy import NAME_TO_ID
-from .core import get_logger
 from .scan import ScanError, Volume
 
 # %% auto #0

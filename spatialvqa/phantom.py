@@ -450,7 +450,7 @@ def _landmarks(bd: Body) -> SimpleNamespace:
 # %% ../nbs/14_phantom.ipynb #b83d20ed
 def _skeleton(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
     "Spinal cord, vertebrae, sacrum, ribs, sternum, hip bones, paraspinal and psoas muscles."
-    bd, A, s, J, S, zc, top, bot, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.top, f.bot, f.ys
+    bd, s, zc, top, bot, ys = f.bd, f.s, f.zc, f.top, f.bot, f.ys
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     W = lambda w=0.06: wobble(rng, w)
@@ -490,7 +490,7 @@ def _skeleton(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, S
 # %% ../nbs/14_phantom.ipynb #1a3de54f
 def _vessels_and_airways(f: SimpleNamespace) -> list[tuple[str, Shape, str]]:
     "Aorta, iliac vessels, venae cavae, trachea and oesophagus."
-    bd, A, s, J, S, zc, top, bot, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.top, f.bot, f.ys
+    A, s, S, zc, top, bot, ys = f.A, f.s, f.S, f.zc, f.top, f.bot, f.ys
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     # great vessels
@@ -539,7 +539,7 @@ def fit_scale(make: Callable[[float], Shape], target_ml: float, clip: Callable |
 # %% ../nbs/14_phantom.ipynb #9e401b76
 def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
     "Heart, kidneys, adrenals, portal and splenic veins, pancreas, duodenum, gallbladder, liver, spleen, stomach."
-    bd, A, s, J, S, zc, top, bot, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.top, f.bot, f.ys
+    bd, A, s, J, S, zc, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.ys
     V, anat = f.V, f.anat
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
@@ -618,7 +618,7 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
 # %% ../nbs/14_phantom.ipynb #4c12fd4d
 def _lungs(f: SimpleNamespace) -> list[tuple[str, Shape, str]]:
     "The five lung lobes."
-    bd, A, s, J, S, zc, top, bot, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.top, f.bot, f.ys
+    bd, A, s, zc, top, ys = f.bd, f.A, f.s, f.zc, f.top, f.ys
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     # lungs: above the diaphragm, inside the cage, split into lobes by the fissures
@@ -661,7 +661,7 @@ def _loops(rng: np.random.Generator) -> Callable:
 
 def _pelvis_and_bowel(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
     "Bladder, prostate, colon and small bowel."
-    bd, A, s, J, S, zc, top, bot, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.top, f.bot, f.ys
+    A, s, J, S, zc, bot = f.A, f.s, f.J, f.S, f.zc, f.bot
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     W = lambda w=0.06: wobble(rng, w)
@@ -1301,7 +1301,7 @@ def read_cohort(outdir: str | os.PathLike) -> list[dict]:
 # %% ../nbs/14_phantom.ipynb #f34154eb
 def write_totalsegmentator(outdir: str | os.PathLike, n_subjects: int = 6, seed: int = 11, workers: int | None = None) -> list[Path]:
     "`n_subjects` phantoms as a TotalSegmentator dataset under `outdir`: `sNNNN/ct.nii.gz`, `sNNNN/segmentations/<structure>.nii.gz`."
-    import shutil, tempfile
+    import tempfile
     from spatialvqa.scan import read_scan
     outdir = Path(outdir); outdir.mkdir(parents=True, exist_ok=True)
     cases = []

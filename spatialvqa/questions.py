@@ -21,7 +21,7 @@ import pandas as pd
 
 from .anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, askable, counterpart, readable, reference_range, side
 from .core import dumps, get_logger, remember, stable_hash
-from .measure import Structure, bbox_center_distance, direction, measure_labels, offset
+from .measure import Structure, direction, measure_labels, offset
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger, read_jsonl, read_records, write_csv
+from .core import atomic_write, read_jsonl, read_records, write_csv
 from .stats import bootstrap_means, bootstrap_ci, icc, min_detectable_difference, percentile_interval, _cluster_codes
 from .questions import LETTERS, rotations
 from .counterfactual import scan_family
@@ -780,7 +780,7 @@ def failure_instructions(n: int, labelled_path: str = "results/tables/failure_sh
              "linguistic": "the model misread the question or the options (negation, which structure is asked about, answer format)",
              "relational reasoning": "it saw the structures but related them wrongly (direction, order, comparison)",
              "numeric": "it computed, estimated or compared numbers wrongly (volumes, distances, ratios)"}
-    lines = [f"# Failure-analysis sheet\n", f"`failure_sheet.csv` holds up to {n} wrong answers per task and model (read, but not the "
+    lines = ["# Failure-analysis sheet\n", f"`failure_sheet.csv` holds up to {n} wrong answers per task and model (read, but not the "
              "correct option or outside the numeric tolerance), sampled reproducibly. For each row, read the question, the options, "
              "the true answer (`truth`), what the model answered (`raw`, parsed as `pred`) and, where useful, look at the scan; then "
              "write one error type in `error_type` and anything worth keeping in `notes`. Leave `error_type` blank when unsure.\n",

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:     # for annotations only: nibabel is imported where it is used
+    import nibabel as nib
 
 # %% auto #0
 __all__ = ['NIFTI1_MAX_DIM', 'ORDERS', 'ScanError', 'Volume', 'nifti_affine', 'read_volume', 'read_labels', 'write_volume',
@@ -405,7 +408,6 @@ def write_volume(vol: Volume, path: str | os.PathLike) -> Path:
 def write_dicom_series(vol: Volume, folder: str | os.PathLike, intercept: float = 0.0,
                        series_uid: str | None = None) -> Path:
     "Write `vol` as a CT DICOM series in `folder`: one file per index `k`, stored value = array - `intercept`."
-    import pydicom
     from pydicom.dataset import FileDataset, FileMetaDataset
     from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
     from pydicom.valuerep import DSfloat

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write, get_logger, write_csv
+from .core import get_logger, write_csv
 from .stats import bootstrap_ci, mra, paired_bootstrap_diff, pairwise_tests
 from .questions import LETTERS, base_qid
 from .parse import STATUSES, parse_answer

@@ -7,13 +7,11 @@ Docs: https://spatialvqa.github.io/spatialvqa/vlm.html.md"""
 # %% ../nbs/42_vlm.ipynb #bf1cb0df
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -396,7 +394,6 @@ class Remote3D(BaseAdapter):
                        "decoding": "greedy", "preset": preset(self.preset_name).params(), "device": device}
 
     def load(self) -> Remote3D:
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         kw = {"revision": self.revision, "trust_remote_code": True}
         if self.tokenizer is None:

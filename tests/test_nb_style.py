@@ -57,3 +57,10 @@ def test_checker_finds_walls_heads_and_missing_examples(tmp_path):
     assert [r for r, _ in s.check(headless)] == ["head"]
     short = _nb(tmp_path, HEAD[:3] + [("code", "#| export\ndef f(): return 1"), ("code", "f()")])
     assert [r for r, _ in s.check(short)] == ["head"] and "words of prose" in s.check(short)[0][1]
+
+
+def test_imports_for_annotations_only_are_not_a_definition():
+    s = _style()
+    cell = lambda src: {"cell_type": "code", "source": src, "metadata": {}}
+    assert not s.defines(cell("#| export\nimport numpy as np\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pandas as pd"))
+    assert s.defines(cell("#| export\nimport numpy as np\nif np.__version__: X = 1"))

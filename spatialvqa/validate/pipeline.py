@@ -7,6 +7,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/24_validate/pipeline.html.md"""
 # %% ../../nbs/24_validate/03_pipeline.ipynb #0157e7ce
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections import Counter
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..core import atomic_write, dumps, get_logger
+from ..core import atomic_write, dumps, flag, get_logger
 from ..stats import wilson
 from ..counterfactual import pair_key, scan_family
 from ..questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, markdown_table, to_frame)
@@ -26,8 +27,10 @@ from .answerers import RIGHT_REL_TOL, blind_answers, cross_fit_answerers, is_rig
 from .chance import CHANCE_DRIFT, CHANCE_ROUNDS, CHANCE_SPLITS, CHANCE_TOL, FAMILY_CAP, LETTER_SLACK, PROTECT_WEIGHT, RULE_NAMES, balance_letters, chance_subsample, trivial, vote
 
 # %% auto #0
-__all__ = ['FILTERS', 'Validation', 'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task', 'blind_audit', 'validate',
-           'validated_frame', 'report_markdown', 'rates_frame', 'rates_records', 'write_validation']
+__all__ = ['FILTERS', 'SURPLUS_WHY', 'Validation', 'filter_report', 'pair_summary', 'blind_accuracy', 'blind_by_task',
+           'blind_audit', 'ValidateConfig', 'first_filters', 'Triviality', 'blind_pass', 'chance_rounds', 'decide',
+           'summarise', 'shortcut_audit', 'validate', 'validated_frame', 'report_markdown', 'rates_frame',
+           'rates_records', 'write_validation']
 
 # %% ../../nbs/24_validate/03_pipeline.ipynb #dbd3a241
 FILTERS = ("plausibility", "dedup", "triviality", "balance")
@@ -127,172 +130,258 @@ def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prio
     preds = cross_fit_answerers(records, make_answerers(answerers, seed=seed), folds, seed)
     return {**blind_accuracy(records, preds, rel_tol, pooled=False), "by_task": blind_by_task(records, preds, rel_tol)}
 
-# %% ../../nbs/24_validate/03_pipeline.ipynb #2273e820
-def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, scans: pd.DataFrame | None = None, *,
-             plausible: bool = True, min_voxels: int = MIN_VOXELS, ranges: bool = True, border: bool = True,
-             max_components: int | None = None, dedup_threshold: float | None = 0.9,
-             answerers: str | Sequence[str] = ("prior", "text"), llm=None, rule: str = "soft_majority",
-             folds: int = 2, seed: int = 0, rel_tol: float = RIGHT_REL_TOL,
-             audit: str | Sequence[str] | None = ("prior", "text", "atlas"), balance: bool = True,
-             protect: Callable[[dict], bool] | None = None, splits: int = CHANCE_SPLITS, tol: float = CHANCE_TOL,
-             method: str = "ilp", family_cap: float | None = FAMILY_CAP, protect_weight: float = PROTECT_WEIGHT,
-             letter_slack: float | None = LETTER_SLACK) -> Validation:
-    """Filter a Track A benchmark: plausibility (`structure_problems`), near-duplicates (`dedup`), then triviality
-    (blind `answerers` plus LLMs in `llm`, cross-fitted over `folds` scan folds; a question is removed when its
-    votes satisfy `rule`, see `trivial`; rule `chance`: multiple-choice questions are subsampled per task until every
-    answerer is right at chance within `tol`, `chance_subsample` with `method`, by how often each answerer is right on
-    a question over `splits` scan splits (seeds `seed` ... `seed + splits - 1`) and coins, `blind_answers`; `protect`ed
-    ones counting `protect_weight` times, no scan family more than `family_cap` of a task), then, with `balance`, the correct letters
-    are balanced exactly per task (`balance_letters`). With rule `chance` and `balance` the two are one fixed point: the
-    letters are balanced before the answerers first see the questions, the subsample keeps every letter within
-    `letter_slack` of a quarter, the few swaps that restore exact balance follow each round, and the answerers are
-    refitted on the questions as they are then lettered until a round neither drops nor swaps anything (at most
-    `CHANCE_ROUNDS`; a task is cut again only when an answerer drifted beyond `CHANCE_DRIFT` x `tol`; the summary's
-    `rounds`: how many, the swaps, whether the set settled, and the tasks a later round left as they were). `audit`:
-    answerers re-trained within the kept and within the removed questions, on a fresh scan split (seed `seed + splits`,
-    never used to filter; two more fresh seeds on the kept questions in `audit.more_seeds`), to report what shortcuts
-    remain (None: no audit). A question and its counterfactual twins (`pair_key`) are kept or removed together by
-    every filter, and share their letter swap. Returns a `Validation`."""
-    log = get_logger(__name__)
-    if rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {rule!r}; expected one of {list(RULE_NAMES)}")
-    records = list(records)
-    ids = [r["qid"] for r in records]
-    if len(ids) != len(set(ids)): raise ValueError(f"the benchmark repeats the qid {next(q for q in ids if ids.count(q) > 1)!r}")
-    removed: list[dict] = []
-    pool = records
-    if plausible:
-        pool, rm = _with_pairs(*plausibility(pool, structures, scans, min_voxels, ranges, border, max_components), "plausibility")
+# %% ../../nbs/24_validate/03_pipeline.ipynb #37074523
+@dataclass(frozen=True)
+class ValidateConfig:
+    """Every setting of `validate`, one field each; `from_params` reads them from the `validate` section of
+    `params.yaml` (or the validate stage's parameters), whose names it accepts."""
+    plausible: bool = True                       # drop questions about implausible structures (`plausibility`)
+    min_voxels: int = MIN_VOXELS                 # ... smaller structures are implausible
+    ranges: bool = True                          # ... volumes tested against the adult reference ranges
+    border: bool = True                          # ... structures touching the scan's border are implausible
+    max_components: int | None = None            # ... more connected components than this are (None: not tested)
+    dedup_threshold: float | None = 0.9          # near-duplicates share this share of word n-grams (None: no dedup)
+    answerers: str | Sequence[str] = ("prior", "text")   # the blind answerers that filter (`make_answerers`)
+    llm: object = None                           # LLM answerers: a `spatialvqa.llm` config, or a list of them
+    rule: str = "soft_majority"                  # when a question is trivial: `RULE_NAMES`
+    folds: int = 2                               # scan folds of the cross-fitting
+    seed: int = 0                                # the first scan split; the others follow
+    rel_tol: float = RIGHT_REL_TOL               # a numeric answer is right within this relative error
+    audit: str | Sequence[str] | None = ("prior", "text", "atlas")   # answerers re-trained on the result, reported only
+    balance: bool = True                         # correct letters balanced exactly per task
+    splits: int = CHANCE_SPLITS                  # rule chance: scan splits each learned answerer is cross-fitted on
+    tol: float = CHANCE_TOL                      # rule chance: every answerer within chance +- tol per task
+    method: str = "ilp"                          # rule chance: ilp or greedy
+    family_cap: float | None = FAMILY_CAP        # rule chance: the largest share of a task one scan family may hold
+    protect_weight: float = PROTECT_WEIGHT       # rule chance: a protected (real) question counts this many times
+    letter_slack: float | None = LETTER_SLACK    # rule chance with balance: letters within a quarter +- this
+
+    STAGE_ONLY = ("raters", "questions", "structures", "scans", "out", "results")   # the stage's, not the filter's
+
+    @classmethod
+    def param_names(cls) -> list[str]:
+        "The names of the fields in `params.yaml` (`plausibility` for `plausible`)."
+        return ["plausibility" if f.name == "plausible" else f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_params(cls, params: Mapping, **overrides) -> ValidateConfig:
+        "The config of a `validate` parameter section (strings as DVC or papermill pass them: 'none', 'true' ...)."
+        import yaml
+        none = lambda v: None if v is None or str(v).strip().lower() in ("", "none", "null") else v
+        p = {("plausible" if k == "plausibility" else k): v for k, v in {**params, **overrides}.items() if k not in cls.STAGE_ONLY}
+        unknown = sorted(set(p) - {f.name for f in dataclasses.fields(cls)})
+        if unknown: raise ValueError(f"unknown validate setting(s) {unknown}; expected {[f.name for f in dataclasses.fields(cls)]}")
+        cast = {"plausible": flag, "ranges": flag, "border": flag, "balance": flag, "min_voxels": int, "folds": int,
+                "seed": int, "splits": int, "rel_tol": float, "tol": float, "protect_weight": float, "rule": str, "method": str,
+                "max_components": lambda v: none(v) and int(v), "dedup_threshold": lambda v: None if none(v) is None else float(v),
+                "family_cap": lambda v: none(v) and float(v), "letter_slack": lambda v: none(v) and float(v),
+                "audit": none, "answerers": lambda v: v if isinstance(v, (list, tuple)) else str(v),
+                "llm": lambda v: yaml.safe_load(v) if isinstance(none(v), str) else none(v)}
+        return cls(**{k: cast[k](v) for k, v in p.items()})
+
+# %% ../../nbs/24_validate/03_pipeline.ipynb #a9af8051
+SURPLUS_WHY = "surplus over a multiple of four in its task (exact letter balance)"
+
+def first_filters(records: Sequence[dict], structures: pd.DataFrame | None, scans: pd.DataFrame | None,
+                  c: ValidateConfig) -> tuple[list[dict], list[dict]]:
+    "Plausibility, then near-duplicates (each as `c` says, pairs as a whole): the pool the answerers see, and what went."
+    pool, removed = list(records), []
+    if c.plausible:
+        pool, rm = _with_pairs(*plausibility(pool, structures, scans, c.min_voxels, c.ranges, c.border, c.max_components), "plausibility")
         removed += rm
-    if dedup_threshold is not None:
-        pool, rm = _with_pairs(*dedup(pool, dedup_threshold), "dedup")
+    if c.dedup_threshold is not None:
+        pool, rm = _with_pairs(*dedup(pool, c.dedup_threshold), "dedup")
         removed += rm
-    ans = make_answerers(answerers, llm, seed)
-    seeds = [seed + k for k in range(max(1, int(splits)))] if rule == "chance" else [seed]
-    surplus_why = "surplus over a multiple of four in its task (exact letter balance)"
-    fixpoint = bool(balance and rule == "chance" and ans)
-    if fixpoint and pool:
-        # the letters are balanced BEFORE the blind answerers see the questions: a text classifier reads the options
-        # in their order, and with the letters swapped after the filter it answered one kept DIST set at 25.3-29.5 %
-        # depending on the swap, where the filter had held it at chance on the order before the swap
-        bal, surplus = balance_letters(pool, seed, protect, groups=pair_key)
-        removed += [_removed(r, "balance", surplus_why) for r in surplus]
+    return pool, removed
+
+# %% ../../nbs/24_validate/03_pipeline.ipynb #1b7b9834
+@dataclass
+class Triviality:
+    "The blind answerers' view of a pool of questions, as the triviality filter builds it up."
+    pool: list[dict]                              # the questions after the first filters, lettered as they ship
+    preds: dict                                   # qid -> answerer -> {"pred", "proba"}: the latest fit
+    right: dict                                   # qid -> answerer -> how often it is right (splits and coins)
+    seeds: list[int]                              # the scan splits the answerers were cross-fitted on
+    before: dict = field(default_factory=dict)    # the first fit's predictions ...
+    pool_before: list[dict] = field(default_factory=list)   # ... on the pool as it was then lettered
+    rates0: dict = field(default_factory=dict)    # ... and its rates of being right
+    cut: dict = field(default_factory=dict)       # qid -> why the chance filter dropped it
+    drop_bal: set = field(default_factory=set)    # qids letter balancing set aside inside the rounds
+    removed: list = field(default_factory=list)   # letter-balance surplus before the first fit
+    rounds: dict = field(default_factory=lambda: {"rounds": 0, "swapped": 0, "converged": True, "settled_tasks": []})
+
+def blind_pass(pool: list[dict], ans: Sequence, c: ValidateConfig, protect: Callable | None = None) -> Triviality:
+    """The first fit of the answerers `ans` on `pool`. With rule `chance` and `balance` the letters are balanced
+    before the answerers see the questions: a text classifier reads the options in their order, and with the letters
+    swapped after the filter it answered one kept DIST set at 25.3-29.5 % depending on the swap, where the filter had
+    held it at chance on the order before the swap."""
+    seeds = [c.seed + k for k in range(max(1, int(c.splits)))] if c.rule == "chance" else [c.seed]
+    surplus = []
+    if c.balance and c.rule == "chance" and ans and pool:
+        bal, surplus = balance_letters(pool, c.seed, protect, groups=pair_key)
         at = {r["qid"]: r for r in bal}
         pool = [at[r["qid"]] for r in pool if r["qid"] in at]
-    preds, right = blind_answers(pool, ans, folds, seeds, rel_tol) if ans and pool else ({r["qid"]: {} for r in pool}, {})
-    before, pool_before = dict(preds), list(pool)                 # before filtering, each question lettered as it then was
-    rates0 = {q: dict(v) for q, v in right.items()}
-    kept = []
-    cut: dict[str, str] = {}
-    drop_bal: set[str] = set()
-    rounds = {"rounds": 0, "swapped": 0, "converged": True, "settled_tasks": []}
-    if rule == "chance" and ans:
-        # rounds: the answerers learn (and the atlas takes its medians) from the questions still in the set, so
-        # after each subsample they are fitted again on what is left (with `balance`, after the few letter swaps that
-        # restore exact balance), until a round changes nothing; a later round that would leave a task fewer than two
-        # questions per letter is not applied to it (the task stays as it was: without that, DIR on the real scans
-        # went in the test cohort; the refitted answerers are then reported on it)
-        names, live, settled = [a.name for a in ans], list(pool), set()
-        cur = {r["qid"]: r for r in pool}
-        changed = False
-        for rnd in range(CHANCE_ROUNDS):
-            if rnd:
-                now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
-                preds.update(now); right.update(now_right)
-            dropped = moved = 0
-            for t in MC_TASKS:
-                rs = [r for r in live if r["task"] == t and r["format"] == "mc"]
-                if t in settled or not rs: continue
-                keep = chance_subsample(rs, preds, names, tol=tol, protect=protect, seed=seed, groups=pair_key,
-                                        right=right, method=method, protect_weight=protect_weight, family_cap=family_cap,
-                                        letter_slack=letter_slack if balance else None,
-                                        accept=CHANCE_DRIFT * tol if rnd else None)
-                if rnd and sum(keep) < 2 * len(LETTERS) <= len(rs):
-                    settled.add(t); continue
-                for r, k in zip(rs, keep):
-                    if not k:
-                        cut[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {t}"
-                        dropped += 1
-            live = [r for r in live if r["qid"] not in cut]
-            if fixpoint:
-                bal, surplus = balance_letters(live, seed, protect, groups=pair_key)
-                drop_bal |= {r["qid"] for r in surplus}
-                moved = sum(b["options"] != cur[b["qid"]]["options"] for b in bal)
-                at = {b["qid"]: b for b in bal}
-                live = [at[r["qid"]] for r in live if r["qid"] in at]
-                cur.update(at)
-                dropped += len(surplus)
-            rounds = {"rounds": rnd + 1, "swapped": rounds["swapped"] + moved, "converged": True, "settled_tasks": sorted(settled)}
-            log.info("filter round %d: %d dropped, %d swapped, %d left", rnd + 1, dropped, moved, len(live))
-            changed = bool(dropped or moved)
-            if not changed: break
-        if changed:                  # out of rounds: the answers reported are still those of the set as it ships
-            log.warning("the filter still changed the set in its last of %d rounds; its answerers are refitted on what it keeps", CHANCE_ROUNDS)
-            now, now_right = blind_answers(live, ans, folds, seeds, rel_tol)
-            preds.update(now); right.update(now_right)
-            rounds["converged"] = False
-        pool = [cur[r["qid"]] for r in pool]
+    preds, right = blind_answers(pool, ans, c.folds, seeds, c.rel_tol) if ans and pool else ({r["qid"]: {} for r in pool}, {})
+    return Triviality(pool, preds, right, seeds, dict(preds), list(pool), {q: dict(v) for q, v in right.items()},
+                      removed=[_removed(r, "balance", SURPLUS_WHY) for r in surplus])
+
+# %% ../../nbs/24_validate/03_pipeline.ipynb #bacfea6f
+def _cut_round(t: Triviality, live: list[dict], names: list[str], c: ValidateConfig, protect, rnd: int, settled: set) -> int:
+    """One round of the chance filter over the multiple-choice tasks of `live`: the questions it drops go to `t.cut`
+    (how many is returned). A later round that would leave a task fewer than two questions per letter is not applied
+    to it: the task is `settled` as it was (without that, DIR on the real scans went in the test cohort)."""
+    dropped = 0
+    for task in MC_TASKS:
+        rs = [r for r in live if r["task"] == task and r["format"] == "mc"]
+        if task in settled or not rs: continue
+        keep = chance_subsample(rs, t.preds, names, tol=c.tol, protect=protect, seed=c.seed, groups=pair_key,
+                                right=t.right, method=c.method, protect_weight=c.protect_weight, family_cap=c.family_cap,
+                                letter_slack=c.letter_slack if c.balance else None, accept=CHANCE_DRIFT * c.tol if rnd else None)
+        if rnd and sum(keep) < 2 * len(LETTERS) <= len(rs):
+            settled.add(task); continue
+        for r, k in zip(rs, keep):
+            if not k:
+                t.cut[r["qid"]] = f"dropped so that every blind answerer ({', '.join(names)}) is right at chance on {task}"
+                dropped += 1
+    return dropped
+
+def chance_rounds(t: Triviality, ans: Sequence, c: ValidateConfig, protect: Callable | None = None) -> Triviality:
+    """Rule `chance`: subsample (`_cut_round`), restore exact letter balance by the fewest swaps (with `balance`), refit
+    the answerers on what is left, until a round changes nothing (at most `CHANCE_ROUNDS`): the answerers learn (and
+    the atlas takes its medians) from the questions still in the set, so what they are held at chance on is what ships."""
+    log = get_logger(__name__)
+    names, live, settled, cur = [a.name for a in ans], list(t.pool), set(), {r["qid"]: r for r in t.pool}
+    changed = False
+    for rnd in range(CHANCE_ROUNDS):
+        if rnd:
+            now, now_right = blind_answers(live, ans, c.folds, t.seeds, c.rel_tol)
+            t.preds.update(now); t.right.update(now_right)
+        dropped, moved = _cut_round(t, live, names, c, protect, rnd, settled), 0
+        live = [r for r in live if r["qid"] not in t.cut]
+        if c.balance:
+            bal, surplus = balance_letters(live, c.seed, protect, groups=pair_key)
+            t.drop_bal |= {r["qid"] for r in surplus}
+            moved = sum(b["options"] != cur[b["qid"]]["options"] for b in bal)
+            at = {b["qid"]: b for b in bal}
+            live = [at[r["qid"]] for r in live if r["qid"] in at]
+            cur.update(at)
+            dropped += len(surplus)
+        t.rounds = {"rounds": rnd + 1, "swapped": t.rounds["swapped"] + moved, "converged": True, "settled_tasks": sorted(settled)}
+        log.info("filter round %d: %d dropped, %d swapped, %d left", rnd + 1, dropped, moved, len(live))
+        changed = bool(dropped or moved)
+        if not changed: break
+    if changed:                  # out of rounds: the answers reported are still those of the set as it ships
+        log.warning("the filter still changed the set in its last of %d rounds; its answerers are refitted on what it keeps", CHANCE_ROUNDS)
+        now, now_right = blind_answers(live, ans, c.folds, t.seeds, c.rel_tol)
+        t.preds.update(now); t.right.update(now_right)
+        t.rounds["converged"] = False
+    t.pool = [cur[r["qid"]] for r in t.pool]
+    return t
+
+# %% ../../nbs/24_validate/03_pipeline.ipynb #3977427e
+def decide(t: Triviality, c: ValidateConfig) -> tuple[list[dict], list[dict]]:
+    """Kept and removed questions of the pool: what the chance filter cut or letter balancing set aside, else what
+    `trivial` says under `c.rule`; a question and its twins (`pair_key`) go as a whole. Every question carries its
+    blind predictions (`blind`), votes (`blind_vote`) and how many answerers were right (`blind_right`)."""
     decided = {}
-    for r in pool:
-        if r["qid"] in drop_bal: decided[r["qid"]] = True, surplus_why
-        elif rule == "chance" and r["format"] == "mc": decided[r["qid"]] = r["qid"] in cut, cut.get(r["qid"], "")
-        else: decided[r["qid"]] = trivial(r, preds[r["qid"]], rule, rel_tol)
+    for r in t.pool:
+        if r["qid"] in t.drop_bal: decided[r["qid"]] = True, SURPLUS_WHY
+        elif c.rule == "chance" and r["format"] == "mc": decided[r["qid"]] = r["qid"] in t.cut, t.cut.get(r["qid"], "")
+        else: decided[r["qid"]] = trivial(r, t.preds[r["qid"]], c.rule, c.rel_tol)
     lost = {}                                                    # a pair goes as a whole: the first member dropped
-    for r in pool:
+    for r in t.pool:
         if decided[r["qid"]][0]: lost.setdefault(pair_key(r), r["qid"])
-    for r in pool:
-        e = preds[r["qid"]]
+    kept, removed = [], []
+    for r in t.pool:
+        e = t.preds[r["qid"]]
         drop, why = decided[r["qid"]]
         if not drop and pair_key(r) in lost:
             drop, why = True, f"removed with its pair {lost[pair_key(r)]}: {decided[lost[pair_key(r)]][1]}"
         extra = {"blind": {a: x["pred"] for a, x in e.items()},
-                 "blind_vote": {a: round(vote(r, x, rel_tol), 4) for a, x in e.items() if x["pred"] is not None},
-                 "blind_right": sum(is_right(r, x["pred"], rel_tol) for x in e.values())}
-        if drop: removed.append(_removed(r, "balance" if r["qid"] in drop_bal else "triviality", why, **extra))
+                 "blind_vote": {a: round(vote(r, x, c.rel_tol), 4) for a, x in e.items() if x["pred"] is not None},
+                 "blind_right": sum(is_right(r, x["pred"], c.rel_tol) for x in e.values())}
+        if drop: removed.append(_removed(r, "balance" if r["qid"] in t.drop_bal else "triviality", why, **extra))
         else: kept.append({**r, **extra})
-    if balance:                  # with the fixed point above (rule chance) there is nothing left to swap or drop here
-        kept, surplus = balance_letters(kept, seed, protect, groups=pair_key)
-        removed += [_removed(r, "balance", surplus_why) for r in surplus]
-        pos = {r["qid"]: i for i, r in enumerate(pool)}
-        kept.sort(key=lambda r: pos[r["qid"]])
-    # the blind answers as the kept records now letter them (balancing swaps options)
-    after = {r["qid"]: {a: {"pred": p, "proba": None} for a, p in (r.get("blind") or {}).items()} for r in kept}
-    order = {q: i for i, q in enumerate(ids)}
-    removed.sort(key=lambda r: order[r["qid"]])
-    report = filter_report(records, removed)
+    return kept, removed
+
+# %% ../../nbs/24_validate/03_pipeline.ipynb #5a46dea3
+def _blind_summary(records: Sequence[dict], kept: list[dict], removed: list[dict], t: Triviality, ans: Sequence,
+                   c: ValidateConfig) -> dict:
+    "Blind accuracy before and after the filter, per task, on the kept and on the removed questions."
+    if not ans: return {"chance_mc": 0.25, "kept": {}, "removed": {}, "before_by_task": {}, "after_by_task": {}, "expected_after_by_task": {}}
+    after = {r["qid"]: {a: {"pred": p, "proba": None} for a, p in (r.get("blind") or {}).items()} for r in kept}   # as kept records letter them
     trivial_removed = [r for r in removed if r["removed_by"] == "triviality"]
-    summary = {
+    return {"chance_mc": 0.25, "kept": blind_accuracy(kept, after, c.rel_tol),
+            "removed": blind_accuracy(trivial_removed, t.preds, c.rel_tol),
+            "before_by_task": blind_by_task(t.pool_before, t.before, c.rel_tol),
+            "after_by_task": blind_by_task(kept, after, c.rel_tol),
+            "expected_after_by_task": {task: {a: round(float(np.mean([t.right[r["qid"]][a] for r in kept if r["task"] == task])), 4)
+                                              for a in (x.name for x in ans)} for task in MC_TASKS
+                                       if any(r["task"] == task and r["format"] == "mc" for r in kept)}}
+
+def summarise(records: Sequence[dict], kept: list[dict], removed: list[dict], t: Triviality, ans: Sequence,
+              c: ValidateConfig, report: pd.DataFrame) -> dict:
+    "The summary `write_validation` writes: counts per filter and task, the settings, rounds, blind accuracy, pairs, families."
+    return {
         "questions": len(records), "kept": len(kept), "removed": len(removed),
         "removed_by": {f: sum(r["removed_by"] == f for r in removed) for f in FILTERS},
         "per_task": {row["task"]: {k: row[k] for k in ["questions", *FILTERS, "kept"]} for _, row in report.iterrows()},
-        "settings": {"plausible": plausible, "min_voxels": min_voxels, "ranges": ranges, "border": border,
-                     "max_components": max_components, "dedup_threshold": dedup_threshold,
-                     "answerers": [a.name for a in ans], "rule": rule, "folds": folds, "seed": seed, "rel_tol": rel_tol,
-                     "split_seeds": seeds, "tol": tol, "method": method, "family_cap": family_cap,
-                     "protect_weight": protect_weight, "letter_slack": letter_slack},
-        "rounds": rounds,
-        "blind": {"chance_mc": 0.25,
-                  "kept": blind_accuracy(kept, after, rel_tol) if ans else {},
-                  "removed": blind_accuracy(trivial_removed, preds, rel_tol) if ans else {},
-                  "before_by_task": blind_by_task(pool_before, before, rel_tol) if ans else {},
-                  "after_by_task": blind_by_task(kept, after, rel_tol) if ans else {},
-                  "expected_after_by_task": {t: {a: round(float(np.mean([right[r["qid"]][a] for r in kept if r["task"] == t])), 4)
-                                                 for a in (x.name for x in ans)} for t in MC_TASKS
-                                             if any(r["task"] == t and r["format"] == "mc" for r in kept)} if ans else {}},
+        "settings": {"plausible": c.plausible, "min_voxels": c.min_voxels, "ranges": c.ranges, "border": c.border,
+                     "max_components": c.max_components, "dedup_threshold": c.dedup_threshold,
+                     "answerers": [a.name for a in ans], "rule": c.rule, "folds": c.folds, "seed": c.seed, "rel_tol": c.rel_tol,
+                     "split_seeds": t.seeds, "tol": c.tol, "method": c.method, "family_cap": c.family_cap,
+                     "protect_weight": c.protect_weight, "letter_slack": c.letter_slack},
+        "rounds": t.rounds,
+        "blind": _blind_summary(records, kept, removed, t, ans, c),
         "pairs": pair_summary(kept, records),
-        "families_by_task": {t: {"families": len(c), "max_share": round(max(c.values()) / sum(c.values()), 4)}
-                             for t in TASKS if (c := Counter(scan_family(r) for r in kept if r["task"] == t))},
+        "families_by_task": {task: {"families": len(n), "max_share": round(max(n.values()) / sum(n.values()), 4)}
+                             for task in TASKS if (n := Counter(scan_family(r) for r in kept if r["task"] == task))},
     }
-    if audit:
-        # fresh splits (seeds after the filter's): with a filter's own split, the audit's answerers would be near copies
-        # of the filter's and wrong on the kept questions by construction
-        fresh = seeds[-1] + 1
-        summary["audit"] = {"answerers": list(audit.split(",") if isinstance(audit, str) else audit), "seed": fresh,
-                            "kept": blind_audit(kept, audit, folds, fresh, rel_tol),
-                            "removed": blind_audit(trivial_removed, audit, folds, fresh, rel_tol),
-                            "more_seeds": {str(s): {a: v["accuracy"] for a, v in blind_audit(kept, audit, folds, s, rel_tol)
-                                                    .get("mc", {}).items()} for s in (fresh + 1, fresh + 2)}}
-    log.info("validated %d questions: kept %d, removed %s", len(records), len(kept), summary["removed_by"])
-    return Validation(kept, removed, report, summary, pool_before if rule == "chance" else [], rates0 if rule == "chance" else {})
+
+def shortcut_audit(kept: list[dict], removed: list[dict], c: ValidateConfig, seeds: Sequence[int]) -> dict:
+    """`c.audit`'s answerers re-trained within the kept and within the removed (trivial) questions on fresh scan splits,
+    the seeds after the filter's: with a filter's own split, the audit's answerers would be near copies of the
+    filter's and wrong on the kept questions by construction."""
+    fresh, trivial_removed = seeds[-1] + 1, [r for r in removed if r["removed_by"] == "triviality"]
+    return {"answerers": list(c.audit.split(",") if isinstance(c.audit, str) else c.audit), "seed": fresh,
+            "kept": blind_audit(kept, c.audit, c.folds, fresh, c.rel_tol),
+            "removed": blind_audit(trivial_removed, c.audit, c.folds, fresh, c.rel_tol),
+            "more_seeds": {str(s): {a: v["accuracy"] for a, v in blind_audit(kept, c.audit, c.folds, s, c.rel_tol)
+                                    .get("mc", {}).items()} for s in (fresh + 1, fresh + 2)}}
+
+# %% ../../nbs/24_validate/03_pipeline.ipynb #384aa0b0
+def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, scans: pd.DataFrame | None = None,
+             config: ValidateConfig | None = None, *, protect: Callable[[dict], bool] | None = None, **settings) -> Validation:
+    """Filter a Track A benchmark with `config` (default `ValidateConfig()`; `settings` replace single fields):
+    `first_filters` (plausibility, near-duplicates), then the blind answerers' first fit (`blind_pass`) and with rule
+    `chance` the rounds of subsampling and letter balancing (`chance_rounds`; `protect`ed questions, those about real
+    scans, count `protect_weight` times), the decision per question (`decide`), the exact letter balance, the
+    `summarise`d counts and, with `audit`, the shortcuts left (`shortcut_audit`). A question and its counterfactual
+    twins are kept or removed together by every filter, and share their letter swap. Returns a `Validation`."""
+    c = dataclasses.replace(config or ValidateConfig(), **settings)
+    if c.rule not in RULE_NAMES: raise ValueError(f"unknown majority rule {c.rule!r}; expected one of {list(RULE_NAMES)}")
+    records = list(records)
+    ids = [r["qid"] for r in records]
+    if len(ids) != len(set(ids)): raise ValueError(f"the benchmark repeats the qid {next(q for q in ids if ids.count(q) > 1)!r}")
+    pool, removed = first_filters(records, structures, scans, c)
+    ans = make_answerers(c.answerers, c.llm, c.seed)
+    t = blind_pass(pool, ans, c, protect)
+    if c.rule == "chance" and ans: t = chance_rounds(t, ans, c, protect)
+    kept, gone = decide(t, c)
+    removed += t.removed + gone
+    if c.balance:                # with rule chance the rounds above left nothing to swap or drop here
+        kept, surplus = balance_letters(kept, c.seed, protect, groups=pair_key)
+        removed += [_removed(r, "balance", SURPLUS_WHY) for r in surplus]
+        pos = {r["qid"]: i for i, r in enumerate(t.pool)}
+        kept.sort(key=lambda r: pos[r["qid"]])
+    order = {q: i for i, q in enumerate(ids)}
+    removed.sort(key=lambda r: order[r["qid"]])
+    report = filter_report(records, removed)
+    summary = summarise(records, kept, removed, t, ans, c, report)
+    if c.audit: summary["audit"] = shortcut_audit(kept, removed, c, t.seeds)
+    get_logger(__name__).info("validated %d questions: kept %d, removed %s", len(records), len(kept), summary["removed_by"])
+    chance = c.rule == "chance"
+    return Validation(kept, removed, report, summary, t.pool_before if chance else [], t.rates0 if chance else {})
 
 # %% ../../nbs/24_validate/03_pipeline.ipynb #1aee70ae
 def validated_frame(records: Sequence[dict]) -> pd.DataFrame:
