@@ -49,8 +49,8 @@ def page_name(nb: Path) -> str:
 
 
 def notebook_key(nb: Path) -> str:
-    "A notebook's name for `--execute` and the cache: its stem, with its folder's for a subpackage (`24_validate-01_answerers`)."
-    return f"{nb.parent.name}-{nb.stem}" if nb.parent.parent == NBS else nb.stem
+    "A notebook's name for `--execute`: its path under nbs/ without the suffix (`15_measure`, `24_validate/01_answerers`)."
+    return str(nb.relative_to(NBS).with_suffix(""))
 
 
 def module_of(nb: Path) -> str | None:
@@ -110,14 +110,14 @@ def execute_one(src: Path, dst: Path) -> int:
 def executed(nb: Path, run: bool) -> Path:
     "The notebook with outputs (executed now or from the cache); with `run` False, the committed notebook."
     if not run: return nb
-    out = CACHE / f"{notebook_key(nb)}-{_inputs_hash(nb)}.ipynb"
+    out = CACHE / f"{notebook_key(nb).replace('/', '-')}-{_inputs_hash(nb)}.ipynb"
     if out.exists(): return out
     t = time.time()
     tmp = out.with_suffix(".tmp.ipynb")
     r = subprocess.run([sys.executable, __file__, "--execute-one", str(nb), str(tmp)], cwd=ROOT)
     if r.returncode != 0: raise SystemExit(f"docs: executing {nb.relative_to(ROOT)} failed (see above)")
     tmp.replace(out)
-    for old in CACHE.glob(f"{notebook_key(nb)}-*.ipynb"):
+    for old in CACHE.glob(f"{notebook_key(nb).replace('/', '-')}-*.ipynb"):
         if old != out and not old.name.endswith(".tmp.ipynb"): old.unlink()
     print(f"docs: executed {nb.name} in {time.time() - t:.1f} s")
     return out

@@ -377,14 +377,14 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
 # %% ../nbs/49_cli.ipynb #ef76f228
 _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
     "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
-    "spatialvqa.ctsvqa": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
-                           "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
-                           "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached"},
+    "spatialvqa.ctsvqa.commands": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
+        "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
+        "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached",
+        "ctrate-download": "download CT-RATE volumes (HF token in the environment) with their metadata applied",
+        "report-qa": "rule-based spatial QA pairs from radiology reports (offline)"},
     "spatialvqa.review": {"reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
     "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},
     "spatialvqa.models": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
-    "spatialvqa.reports": {"ctrate-download": "download CT-RATE volumes (HF token in the environment) with their metadata applied",
-                           "report-qa": "rule-based spatial QA pairs from radiology reports (offline)"},
     "spatialvqa.views": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
 }
 

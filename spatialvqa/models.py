@@ -401,7 +401,7 @@ class ReplayAdapter(BaseAdapter):
         for p in self.config["path"]:
             rows = read_jsonl(p)
             if rows and "qid" not in rows[0] and "prediction" in rows[0]:         # a CT-SpatialVQA release file
-                from spatialvqa.reports import read_ctsvqa_predictions
+                from spatialvqa.ctsvqa.release import read_ctsvqa_predictions
                 named = [dict(r, volume=r.get("ct_rate_volume") or r["volume"]) for r in records if r.get("ct_rate_volume") or r.get("volume")]
                 recs, rejected = read_ctsvqa_predictions(p, named, model=self.config["model"])
                 if rejected: log.warning("%s: %d rows match no question (first: %s)", p, len(rejected), rejected[0]["reason"])
@@ -888,7 +888,7 @@ class ReportOracleAdapter(BaseAdapter):
         self._reports: dict[str, dict[str, str]] = {}
 
     def answer(self, inp: ModelInput) -> str:
-        from spatialvqa.reports import split_report_sections, twin_qa_for_report
+        from spatialvqa.ctsvqa.generate import split_report_sections, twin_qa_for_report
         r = inp.record
         if not r.get("report"): raise PredictionError(f"report_oracle: {r['qid']} names no report")
         p = str(_resolve(r["report"], self.config["root"]))
@@ -909,7 +909,7 @@ class AnswerPriorAdapter(BaseAdapter):
         self._preds: dict[str, str] | None = None
 
     def prepare(self, records: Sequence[dict]) -> None:
-        from spatialvqa.ctsvqa import AnswerPrior
+        from spatialvqa.ctsvqa.baselines import AnswerPrior
         from spatialvqa.stats import cross_fit
         g = self.config["group"]
         key = lambda r: r.get(g) or r.get("ct_rate_volume") or r["qid"].split("::")[0]

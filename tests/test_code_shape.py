@@ -11,7 +11,7 @@ from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 # at most this many modules over 800 lines, functions over 60, exported cells over 60 (2026-11-27)
-CEILINGS = {"modules": 9, "functions": 10, "cells": 92}
+CEILINGS = {"modules": 7, "functions": 10, "cells": 92}
 
 
 def _shape():

@@ -11,8 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spatialvqa.ctsvqa import add_cli, exact_match, jury_accuracy, normalise_answer, text_metrics, wordnet_missing
-from spatialvqa.reports import ctsvqa_release, find_ctsvqa_release
+from spatialvqa.ctsvqa.jury import jury_accuracy
+from spatialvqa.ctsvqa.metrics import exact_match, normalise_answer, text_metrics, wordnet_missing
+from spatialvqa.ctsvqa.commands import add_cli
+from spatialvqa.ctsvqa.release import ctsvqa_release, find_ctsvqa_release
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("m3d", "med3dvlm", "radfm")

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from spatialvqa.core import read_json, read_jsonl, write_jsonl
-from spatialvqa.ctsvqa import (judge_agreement, published_verdicts, release_items, replay_judge_cache,
-                               judge_predictions)
+from spatialvqa.ctsvqa.jury import judge_agreement, published_verdicts, release_items, replay_judge_cache, judge_predictions
 from spatialvqa.llm import FakeOpenAIServer, make_llm
-from spatialvqa.reports import (ctsvqa_release, find_ctsvqa_release, read_ctsvqa_judgments, split_report_sections,
-                                twin_qa_for_report)
+from spatialvqa.ctsvqa.release import ctsvqa_release, find_ctsvqa_release, read_ctsvqa_judgments
+from spatialvqa.ctsvqa.generate import split_report_sections, twin_qa_for_report
 
 CLI = [sys.executable, "-c", "import sys; from spatialvqa.cli import main; sys.exit(main())"]
 ENV = {**os.environ, "SPATIALVQA_PROGRESS": "0", "HF_HUB_OFFLINE": "1"}
@@ -110,7 +109,7 @@ def test_judge_killed_with_sigkill_resumes_each_qid_judged_once(twin):
     assert all(isinstance(r["jury"], bool) for r in rows) and not part.exists()
     # no verdict recorded before the kill was asked for again; only the one request in flight at the kill (batch size 1)
     # can be repeated (a prompt that two questions share is served by the cache)
-    from spatialvqa.ctsvqa import judge_prompt
+    from spatialvqa.ctsvqa.jury import judge_prompt
     by_qid = {q["qid"]: q for q in recs}
     side = {r["qid"]: r["raw"] for r in read_jsonl(d / "side.jsonl")}
     recorded = {judge_prompt(dict(by_qid[b["qid"]], prediction=side[b["qid"]])) for b in before}

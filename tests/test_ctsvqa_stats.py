@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spatialvqa.ctsvqa import (AnswerPrior, BLIND_FREE_TEXT_SYSTEM, answer_facet, answer_polarity, answer_side, blind_baselines,
-                               bleu_corpus, bleu_from_stats, bleu_stats, category_accuracy, category_accuracy_ci, ctrate_patient,
-                               facet_correct, facet_table, ctrate_patient_of, text_metric_items, text_metrics_ci, text_summary)
+from spatialvqa.ctsvqa.jury import category_accuracy
+from spatialvqa.ctsvqa.metrics import bleu_corpus, bleu_from_stats, bleu_stats, category_accuracy_ci, ctrate_patient, text_metric_items, text_metrics_ci, text_summary
+from spatialvqa.ctsvqa.baselines import AnswerPrior, BLIND_FREE_TEXT_SYSTEM, answer_facet, answer_polarity, answer_side, blind_baselines, facet_correct, facet_table, ctrate_patient_of
 from spatialvqa.stats import (bootstrap_ci, bootstrap_cis, bootstrap_means, cross_fit, group_folds, holm, length_stats, mcnemar,
                               paired_bootstrap_diff, pairwise_tests)
 
@@ -229,7 +229,7 @@ def test_figures_write_png_and_csv(tmp_path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from spatialvqa.core import plot_grouped_ci, plot_length_distributions, save_figure
-    from spatialvqa.ctsvqa_figures import plot_metric_panels, plot_overlap
+    from spatialvqa.ctsvqa.figures import plot_metric_panels, plot_overlap
     ci = pd.DataFrame(dict(model=["a", "a", "b", "b"], join=["published join", "key join"] * 2, estimate=[0.3, 0.31, 0.32, 0.32],
                            ci_low=[0.29, 0.3, 0.31, 0.31], ci_high=[0.31, 0.32, 0.33, 0.33]))
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ from conftest import load_script
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 # the library page the browser opens: it draws figures, so the page carries executed outputs (images)
-BROWSER_NB = "32_ctsvqa_figures"
+BROWSER_NB = "30_ctsvqa/07_figures"
 SITE_PATH = "/spatialvqa/"   # the path of mkdocs.yml's site_url
 
 

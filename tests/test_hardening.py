@@ -352,7 +352,7 @@ def test_empty_predictions_file_is_a_clear_error(tmp_path, capsys, cmd):
 
 def test_empty_jury_result_writes_null_not_nan(tmp_path):
     from spatialvqa.core import write_json
-    from spatialvqa.ctsvqa import jury_accuracy
+    from spatialvqa.ctsvqa.jury import jury_accuracy
     res = jury_accuracy([], [[]], "key", "m")
     write_json(res.summary(), tmp_path / "o.json")
     text = (tmp_path / "o.json").read_text()

@@ -153,7 +153,7 @@ def test_replay_ctsvqa_release_file_joined_by_key(tmp_path):
 
 
 def test_published_prediction_file_replays(tmp_path):
-    from spatialvqa.reports import read_ctsvqa_questions
+    from spatialvqa.ctsvqa.release import read_ctsvqa_questions
     from spatialvqa.core import shared_data
     root = shared_data("ct-spatialvqa")
     f = root / "predictions" / "m3d_predictions_full.jsonl"

@@ -1,4 +1,4 @@
-"""Report-grounded question generation (spatialvqa.reports): CT-RATE readers and download, phantom reports, the
+"""Report-grounded question generation (spatialvqa.ctsvqa): CT-RATE readers and download, phantom reports, the
 rule-based generator, the category classifier and spatial filter against the published labels, and the LLM pipeline
 against a local OpenAI-compatible server and a recorded cache. Offline; about 20 s.
 
@@ -13,7 +13,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from spatialvqa import reports as R
+from spatialvqa.ctsvqa import release as R_release, ctrate as R_ctrate, categories as R_categories, generate as R_generate, commands as R_commands
 from spatialvqa.core import project_root, read_jsonl
 from spatialvqa.scan import read_volume
 
@@ -24,7 +24,7 @@ CACHE = Path(__file__).parent / "data" / "ctsvqa_llm_cache.jsonl"
 @pytest.fixture(scope="module")
 def release() -> dict:
     "The CT-SpatialVQA release: the fetched copy, else the shared mirror ../shared (an error names the expected path)."
-    return R.ctsvqa_release(R.find_ctsvqa_release(ROOT))
+    return R_release.ctsvqa_release(R_release.find_ctsvqa_release(ROOT))
 
 
 # ---------------------------------------------------------------- CT-RATE readers and download
@@ -61,22 +61,22 @@ def hub(tmp_path, monkeypatch):
 
 
 def test_ctrate_layout_and_readers(tmp_path):
-    assert R.ctrate_path("valid_1_a_1.nii.gz") == "dataset/valid/valid_1/valid_1_a/valid_1_a_1.nii.gz"
-    assert R.ctrate_path("train_10008_a_2.nii.gz", fixed=True) == "dataset/train_fixed/train_10008/train_10008_a/train_10008_a_2.nii.gz"
-    with pytest.raises(ValueError, match="not a CT-RATE volume name"): R.ctrate_path("phantom_001.nii.gz")
+    assert R_ctrate.ctrate_path("valid_1_a_1.nii.gz") == "dataset/valid/valid_1/valid_1_a/valid_1_a_1.nii.gz"
+    assert R_ctrate.ctrate_path("train_10008_a_2.nii.gz", fixed=True) == "dataset/train_fixed/train_10008/train_10008_a/train_10008_a_2.nii.gz"
+    with pytest.raises(ValueError, match="not a CT-RATE volume name"): R_ctrate.ctrate_path("phantom_001.nii.gz")
     (tmp_path / "m.csv").write_text(META_CSV)
-    m = R.read_ctrate_metadata(tmp_path / "m.csv")
+    m = R_ctrate.read_ctrate_metadata(tmp_path / "m.csv")
     assert m["valid_7_a_2.nii.gz"]["orientation"] == (-1.0, 0.0, 0.0, 0.0, -1.0, 0.0) and m["valid_7_a_1.nii.gz"]["z_spacing"] == 2.0
     (tmp_path / "dup.csv").write_text(META_CSV + META_CSV.splitlines()[1] + "\n")
-    with pytest.raises(ValueError, match="valid_7_a_1.nii.gz is listed twice"): R.read_ctrate_metadata(tmp_path / "dup.csv")
+    with pytest.raises(ValueError, match="valid_7_a_1.nii.gz is listed twice"): R_ctrate.read_ctrate_metadata(tmp_path / "dup.csv")
     (tmp_path / "r.csv").write_text("VolumeName,ClinicalInformation_EN,Technique_EN,Findings_EN,Impressions_EN\n"
                                     'valid_7_a_1.nii.gz,,,"Nodule in the left lung.",Not given.\n')
-    assert R.read_ctrate_reports(tmp_path / "r.csv") == [dict(volume="valid_7_a_1.nii.gz", findings="Nodule in the left lung.",
+    assert R_ctrate.read_ctrate_reports(tmp_path / "r.csv") == [dict(volume="valid_7_a_1.nii.gz", findings="Nodule in the left lung.",
                                                               impressions="", clinical_information="", technique="")]
 
 
 def test_download_applies_metadata_through_hf_hub(tmp_path, hub):
-    recs, rejected = R.download_ctrate(["valid_7_a_1.nii.gz", "/x/valid_7_a_2.npy", "valid_9_b_1.nii.gz"], tmp_path / "ct")
+    recs, rejected = R_ctrate.download_ctrate(["valid_7_a_1.nii.gz", "/x/valid_7_a_2.npy", "valid_9_b_1.nii.gz"], tmp_path / "ct")
     assert [c["filename"] for c in hub][0] == "dataset/metadata/validation_metadata.csv"
     assert {(c["repo_id"], c["repo_type"], c["token"]) for c in hub} == {("ibrahimhamamci/CT-RATE", "dataset", "hf_secret_test_token")}
     assert "dataset/valid/valid_7/valid_7_a/valid_7_a_2.nii.gz" in [c["filename"] for c in hub]
@@ -91,15 +91,15 @@ def test_download_applies_metadata_through_hf_hub(tmp_path, hub):
     # geometry: DICOM LPS from the metadata, read back in RAS+
     np.testing.assert_allclose(v1.affine, [[-0.7, 0, 0, 100], [0, -0.7, 0, 120], [0, 0, 2, -50], [0, 0, 0, 1]], atol=1e-5)
     np.testing.assert_allclose(v2.affine, [[0.5, 0, 0, -10], [0, 0.5, 0, -20], [0, 0, 1, 30], [0, 0, 0, 1]], atol=1e-5)
-    again, _ = R.download_ctrate(["valid_7_a_1.nii.gz"], tmp_path / "ct")
+    again, _ = R_ctrate.download_ctrate(["valid_7_a_1.nii.gz"], tmp_path / "ct")
     assert again[0]["status"] == "present" and len(hub) == 3                   # metadata + 2 volumes; nothing asked again
 
 
 def test_download_fixed_copies_and_needs_a_token(tmp_path, hub, monkeypatch):
-    recs, rejected = R.download_ctrate(["valid_7_a_1.nii.gz"], tmp_path / "ct", fixed=True)
+    recs, rejected = R_ctrate.download_ctrate(["valid_7_a_1.nii.gz"], tmp_path / "ct", fixed=True)
     assert not rejected and recs[0]["status"] == "copied" and hub[-1]["filename"].startswith("dataset/valid_fixed/")
     monkeypatch.delenv("HF_TOKEN")
-    with pytest.raises(LookupError, match="set the environment variable HF_TOKEN"): R.download_ctrate(["valid_7_a_2.nii.gz"], tmp_path / "other")
+    with pytest.raises(LookupError, match="set the environment variable HF_TOKEN"): R_ctrate.download_ctrate(["valid_7_a_2.nii.gz"], tmp_path / "other")
 
 
 # ---------------------------------------------------------------- rule-based generation
@@ -114,26 +114,26 @@ def test_phantom_reports_give_back_every_tumour_location(tmp_path):
         {"name": "kidney_tumor", "host": "kidney_right", "side": "right", "location": "lower pole of the right kidney"}]}))
     folders = [tmp_path] + ([ROOT / "data/phantom"] if (ROOT / "data/phantom").is_dir() else [])
     for folder in folders:
-        reps = R.read_phantom_reports(folder)
-        qa = R.generate_rule_qa(reps)
+        reps = R_generate.read_phantom_reports(folder)
+        qa = R_generate.generate_rule_qa(reps)
         for rep in reps:
             answers = " | ".join(q["answer"].lower() for q in qa if q["volume"] == rep["volume"])
             for t in rep["tumours"]: assert t["location"].lower() in answers, (rep["volume"], t["location"], answers)
-    qa = R.generate_rule_qa(R.read_phantom_reports(tmp_path))
+    qa = R_generate.generate_rule_qa(R_generate.read_phantom_reports(tmp_path))
     assert ("Which kidney contains the 2.1 cm hypodense lesion?", "The right kidney.") in [(q["question"], q["answer"]) for q in qa]
     assert not any("liver" in q["answer"].lower() for q in qa)                  # "No focal lesion" asks nothing
 
 
 def test_rule_generator_is_deterministic_grounded_and_spatial(release):
-    reps = R.read_ctsvqa_reports(release["reports"])[:300]
-    a, b = R.generate_rule_qa(reps), R.generate_rule_qa(reps)
+    reps = R_release.read_ctsvqa_reports(release["reports"])[:300]
+    a, b = R_generate.generate_rule_qa(reps), R_generate.generate_rule_qa(reps)
     assert a == b and len(a) > 1000
     assert len({r["qid"] for r in a}) == len(a) and all(r["qid"] == f"{r['volume']}::rule-{r['index']}" for r in a)
     per = {}
     for r in a: per[r["volume"]] = per.get(r["volume"], 0) + 1
     assert max(per.values()) <= 10
     for r in a:
-        assert r["categories"] == R.classify_categories(r["question"], r["answer"])
+        assert r["categories"] == R_categories.classify_categories(r["question"], r["answer"])
         if r["template"] == "where": assert r["answer"][3:-1].lower() in r["evidence"].lower(), r   # the report's own span
     assert np.mean([r["spatial"] for r in a]) > 0.95
     # no question is asked twice in a report with different answers
@@ -145,21 +145,21 @@ def test_negated_and_normal_sentences_ask_nothing():
     for s in ("No mass was detected in both lungs.", "Pleural and pericardial effusion was not detected.",
               "No enlarged lymph nodes in prevascular, pre-paratracheal, subcarinal or bilateral hilar-axillary pathological dimensions were detected.",
               "Trachea and both main bronchi are open."):
-        assert R.extract_facts(s) == [], s
+        assert R_generate.extract_facts(s) == [], s
 
 
 # ---------------------------------------------------------------- classifier and filter against the published labels
 
 def test_classifier_and_filter_against_published_labels(release):
-    qs = R.read_ctsvqa_questions(release["questions"], release["categories"], release["cases"])
-    test = [q for q in qs if R.heldout(q["volume"])]
-    s = R.multilabel_scores([q["categories"] for q in test], [R.classify_categories(q["question"], q["answer"]) for q in test]).set_index("label")
+    qs = R_release.read_ctsvqa_questions(release["questions"], release["categories"], release["cases"])
+    test = [q for q in qs if R_categories.heldout(q["volume"])]
+    s = R_categories.multilabel_scores([q["categories"] for q in test], [R_categories.classify_categories(q["question"], q["answer"]) for q in test]).set_index("label")
     assert s.loc["macro", "f1"] > 0.8 and s.loc["Laterality & Bilateral Symmetry", "f1"] > 0.95
     rel = release
-    raw = R.published_filter_labels(R.read_ctsvqa_raw(rel["root"] / "qa/spatial_qa_output_full.json"), qs)
+    raw = R_release.published_filter_labels(R_release.read_ctsvqa_raw(rel["root"] / "qa/spatial_qa_output_full.json"), qs)
     assert (len(raw), sum(r["kept"] for r in raw)) == (14744, 9077)
-    held = [r for r in raw if R.heldout(r["volume"])]
-    b = R.binary_scores([r["kept"] for r in held], [R.is_spatial(r["question"]) for r in held])
+    held = [r for r in raw if R_categories.heldout(r["volume"])]
+    b = R_categories.binary_scores([r["kept"] for r in held], [R_categories.is_spatial(r["question"]) for r in held])
     assert b["f1"] > 0.88 and b["kappa"] > 0.7
 
 
@@ -181,15 +181,15 @@ def fake_reply(body: dict) -> str:
 
 
 def run_pipeline(llm):
-    gen, rej = R.llm_generate_qa([REPORT], llm)
-    judged, rej2 = R.llm_judge_qa(gen, [REPORT], llm)
+    gen, rej = R_generate.llm_generate_qa([REPORT], llm)
+    judged, rej2 = R_generate.llm_judge_qa(gen, [REPORT], llm)
     return judged, rej + rej2
 
 
 def check(judged, rejected):
     assert [r["qid"] for r in judged] == [f"valid_7_a_1.nii.gz::llm-{i}" for i in range(3)]
     assert [(r["judge_spatial"], r["judge_relevant"]) for r in judged] == [(True, True), (False, True), (None, None)]
-    assert [R.judge_keeps(r) for r in judged] == [True, False, False]
+    assert [R_generate.judge_keeps(r) for r in judged] == [True, False, False]
     assert [r["spatial"] for r in judged] == [True, False, True]                  # our own filter, for comparison
     assert len(rejected) == 1 and rejected[0]["step"] == "judge" and "missing [3]" in rejected[0]["reason"]
 
@@ -219,18 +219,18 @@ def test_judge_join_is_by_index_not_position():
     recs = [dict(qid=f"v::llm-{i}", volume="v", question=f"Q{i}", answer="A") for i in range(3)]
     rep = [dict(volume="v", findings="F", impressions="")]
     # out of order, one duplicated with another label, one out of range: only the unambiguous label is used
-    out, rej = R.llm_judge_qa(recs, rep, Judge('[{"index": 3, "is_spatial": true, "is_relevant": true}, '
+    out, rej = R_generate.llm_judge_qa(recs, rep, Judge('[{"index": 3, "is_spatial": true, "is_relevant": true}, '
                                                '{"index": 1, "is_spatial": true, "is_relevant": false}, '
                                                '{"index": 1, "is_spatial": false, "is_relevant": false}, {"index": 9}]'))
     assert [(r["judge_spatial"], r["judge_relevant"]) for r in out] == [(None, None), (None, None), (True, True)]
     assert "duplicated [1]" in rej[0]["reason"] and "out of range [9]" in rej[0]["reason"]
-    out, rej = R.llm_judge_qa(recs, rep, Judge("Sorry, I can't do that."))
+    out, rej = R_generate.llm_judge_qa(recs, rep, Judge("Sorry, I can't do that."))
     assert all(r["judge_spatial"] is None for r in out) and rej[0]["step"] == "judge"
 
 
 def test_cli_report_qa(tmp_path):
     import argparse
-    p = argparse.ArgumentParser(); R.add_cli(p.add_subparsers())
+    p = argparse.ArgumentParser(); R_commands.add_cli(p.add_subparsers())
     (tmp_path / "r.csv").write_text("VolumeName,ClinicalInformation_EN,Technique_EN,Findings_EN,Impressions_EN\n"
                                     'valid_7_a_1.nii.gz,,,"A 6 mm nodule is observed in the right lung lower lobe.",\n')
     args = p.parse_args(["report-qa", "--reports", str(tmp_path / "r.csv"), "--out", str(tmp_path / "q.jsonl")])

@@ -27,7 +27,7 @@ R.write_table(R.table2(values, chance=R.chance_values(scored)), out / "table2", 
 write_json(R.score_metrics(scored), out / "metrics.json", digits=RESULT_DIGITS)
 fig = F.plot_task_bars(values)
 save_figure(fig if not isinstance(fig, tuple) else fig[0], out / "task_accuracy.png", values)
-from spatialvqa.ctsvqa import text_metrics
+from spatialvqa.ctsvqa.metrics import text_metrics
 m = text_metrics(["The liver is enlarged.", "No lesion in the left kidney.", "right lung"],
                  ["Hepatomegaly.", "The left kidney has no lesion.", "In the right lung."], meteor=False)
 write_json(m, out / "text_metrics.json", digits=RESULT_DIGITS)
