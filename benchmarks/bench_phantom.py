@@ -12,7 +12,7 @@ frame: the patient's offset on the table removed) and the coefficient of variati
 after; then a leave-one-subject-out atlas on pairwise relations (which of two structures is more to the right,
 anterior, superior, or larger, predicted from the other subjects' medians), before and after; and seconds per
 subject. With `--questions`, both cohorts are also written, measured and turned into Track A questions
-(`spatialvqa.questions` defaults), and the validate module's atlas answerer, fitted on the other scans, answers the
+(`spatialvqa.questions` defaults), and `spatialvqa.validate.answerers.AtlasAnswerer`, fitted on the other scans, answers the
 multiple-choice ones: the review's own measure, before any filtering.
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
           f"after {out['seconds_per_subject']['after']:.2f}")
     if a.questions:
         out["question_atlas"] = question_atlas(old, a.n, seed, float(p["tumour_rate"]), rates, int(p.get("max_lesions", 3)))
-        print("\nLeave-one-scan-out atlas (spatialvqa.validate.AtlasAnswerer) on the generated multiple-choice questions, "
+        print("\nLeave-one-scan-out atlas (spatialvqa.validate.answerers.AtlasAnswerer) on the generated multiple-choice questions, "
               "before any filtering:\n\n| task | before | after | questions before | after |\n|---|---|---|---|---|")
         qa = out["question_atlas"]
         for task in qa["after"]:

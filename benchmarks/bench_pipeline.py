@@ -9,7 +9,7 @@ Every size runs the same library calls as the DVC stages, each timed, with the s
 generate.min_voxels), `measure.measure_manifests` (scans and copies; measure.components), the generate stage
 (`questions.generate_questions` with the per-scan and per-source budgets, the counterfactual focus and flip shares,
 `counterfactual.pair_questions`, and with generate.verify every answer re-derived from the label maps with
-`questions.check_record`, as nbs/stages/generate.ipynb does) and `validate.validate` (every setting of section
+`questions.check_record`, as nbs/stages/generate.ipynb does) and `validate.pipeline.validate` (every setting of section
 validate as nbs/stages/validate.ipynb passes it, the audit included; an LLM answerer, which needs a server, is left
 out and said so). Convert, counterfactual and measure use `--workers` local processes (default executor.workers;
 `spatialvqa.core.parallel_map`); generate and validate run in this process, as in their stages.
@@ -431,7 +431,7 @@ def warm_imports() -> None:
     "Import what the stages import lazily, so that the first cohort does not pay for it."
     import scipy.optimize, sklearn.feature_extraction, sklearn.linear_model  # noqa: F401
     import spatialvqa.convert, spatialvqa.counterfactual, spatialvqa.measure, spatialvqa.questions  # noqa: F401
-    import spatialvqa.scan, spatialvqa.validate  # noqa: F401
+    import spatialvqa.scan, spatialvqa.validate.pipeline  # noqa: F401
 
 
 def save_outputs(run: Run, out: Path) -> None:

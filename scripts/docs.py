@@ -2,8 +2,8 @@
 
 The site (default `_site/`, open `_site/index.html`) has:
 - the index: the README text written from `nbs/index.ipynb` (pyproject's `readme_nb`, `scripts/readme.py`);
-- one page per library notebook, named as nbdev names it (`nbs/15_measure.ipynb` -> `measure.html`, the address
-  the modules' docstrings give), executed at build time exactly as `nbdev-test` runs it (same working folder,
+- one page per library notebook, named as nbdev names it (`nbs/15_measure.ipynb` -> `measure.html`, a subpackage's
+  `nbs/24_validate/01_answerers.ipynb` -> `24_validate/answerers.html`: the address the modules' docstrings give), executed at build time exactly as `nbdev-test` runs it (same working folder,
   `#| slow` and `#| eval: false` cells skipped) so that the page shows its outputs and figures;
 - the API reference, one page per module, from the docstrings (mkdocstrings);
 - the pipeline: the DVC DAG drawn from `dvc dag --dot` (Graphviz) and the stage list;
@@ -42,10 +42,10 @@ def library_notebooks() -> list[Path]:
 
 
 def page_name(nb: Path) -> str:
-    """A notebook's page: its file name less the number prefix (`15_measure` -> `measure`); a subpackage's notebook
-    is prefixed with its folder's (`24_validate/01_answerers` -> `validate.answerers`)."""
+    """A notebook's page, as nbdev names it: its file name less the number prefix (`15_measure` -> `measure`); a
+    subpackage's notebook in its folder (`24_validate/01_answerers` -> `24_validate/answerers`)."""
     name = re.sub(r"^\d+_", "", nb.stem)
-    return re.sub(r"^\d+_", "", nb.parent.name) + "." + name if nb.parent.parent == NBS else name
+    return f"{nb.parent.name}/{name}" if nb.parent.parent == NBS else name
 
 
 def notebook_key(nb: Path) -> str:
@@ -75,8 +75,9 @@ def title_of(nb: Path) -> str:
 def _inputs_hash(nb: Path) -> str:
     "What a notebook's outputs depend on: its text, the library, the test data and the params it may read."
     h = hashlib.sha256(nb.read_bytes())
-    for p in sorted((ROOT / "spatialvqa").glob("*.py")) + [ROOT / "params.yaml", ROOT / "pyproject.toml"]:
-        h.update(p.name.encode()); h.update(p.read_bytes())
+    for p in sorted((ROOT / "spatialvqa").rglob("*.py")) + [ROOT / "params.yaml", ROOT / "pyproject.toml"]:
+        if "__pycache__" in p.parts: continue
+        h.update(str(p.relative_to(ROOT)).encode()); h.update(p.read_bytes())
     for p in sorted((ROOT / "tests" / "data").rglob("*")):
         if p.is_file(): h.update(str(p.relative_to(ROOT)).encode()); h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()[:20]
@@ -148,6 +149,7 @@ def _for_page(nb_path: Path, dst: Path):
     # the title first: the exported imports come before it in the notebook, but a page opens with what it is about
     t = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and re.match(r"#\s", c["source"].lstrip())), 0)
     nb["cells"] = [cells[t]] + cells[:t] + cells[t + 1:] if t else cells
+    dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(json.dumps(nb, indent=1))
 
 

@@ -2,7 +2,7 @@
 # Install WordNet 3.0 for NLTK (METEOR's synonym matching) from Debian packages, offline-friendly and idempotent.
 #
 #   NLTK_DATA   where the NLTK data goes (default: .venv/nltk_data, which NLTK searches for the project's venv
-#               as <sys.prefix>/nltk_data; spatialvqa.ctsvqa also adds $NLTK_DATA to nltk.data.path).
+#               as <sys.prefix>/nltk_data; spatialvqa.ctsvqa.metrics also adds $NLTK_DATA to nltk.data.path).
 #   WORDNET_DIR where the Debian WordNet dict files are (default: /usr/share/wordnet).
 #
 # Debian's wordnet-base + wordnet-sense-index ship the WordNet 3.0 database NLTK reads, less the `lexnames`

@@ -202,7 +202,7 @@ class _CrossFit(BaseAdapter):
                 self.prepare(records)
                 yield self
             return
-        fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.cross_fit_answerers` fits it
+        fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.answerers.cross_fit_answerers` fits it
         _remember_per_record(fitted, ("proba", "_evaluate"))
         for s in seeds:
             self.config["seed"] = fitted.seed = int(s)
@@ -229,7 +229,7 @@ class BlindTextAdapter(_CrossFit):
 
 @register("atlas")
 class AtlasAdapter(_CrossFit):
-    """An anatomy atlas (`validate.AtlasAnswerer`): each question answered from the median measurements of other scans.
+    """An anatomy atlas (`validate.answerers.AtlasAnswerer`): each question answered from the median measurements of other scans.
     `loso`: of all other scans (the question's scan family left out: the triviality filter's own atlas); else of the
     scans of the other folds (`folds` halves of the scan families, split by `seed`)."""
     answerer = "atlas"
@@ -243,12 +243,12 @@ class AtlasAdapter(_CrossFit):
 
 @register("textbook")
 class TextbookAdapter(_CrossFit):
-    "The textbook (`validate.TextbookAnswerer`): typical volumes, sides, depths and levels of the anatomy reference; no training."
+    "The textbook (`validate.answerers.TextbookAnswerer`): typical volumes, sides, depths and levels of the anatomy reference; no training."
     answerer = "textbook"
 
 @register("atlas_subject")
 class SubjectAtlasAdapter(_CrossFit):
-    """One other patient (`validate.SubjectAtlasAnswerer`), or with `k` > 1 the median of k: each question answered from
+    """One other patient (`validate.answerers.SubjectAtlasAnswerer`), or with `k` > 1 the median of k: each question answered from
     the measurements of original scans drawn, by `seed`, among those outside its scan family; no training."""
     answerer = "atlas_subject"
 
@@ -261,7 +261,7 @@ class SubjectAtlasAdapter(_CrossFit):
 
 @register("name_cue")
 class NameCueAdapter(_CrossFit):
-    "Side words in the structure names (`validate.NameCueAnswerer`): left-right questions only, a coin for the rest; no training."
+    "Side words in the structure names (`validate.answerers.NameCueAnswerer`): left-right questions only, a coin for the rest; no training."
     answerer = "name_cue"
 
 # %% ../nbs/41_models.ipynb #49e6eb01
@@ -880,7 +880,7 @@ def _resolve(path: str, root: str | None) -> Path:
 @register("report_oracle")
 class ReportOracleAdapter(BaseAdapter):
     """Track B's upper bound: reads the report a free-text record came from (`report`, a path) and answers with what
-    the report-grounded generator (`reports.twin_qa_for_report`) reads in it for the same question."""
+    the report-grounded generator (`ctsvqa.generate.twin_qa_for_report`) reads in it for the same question."""
     runtime = ("root",)
 
     def __init__(self, root: str | None = None, **kw):
@@ -901,7 +901,7 @@ class ReportOracleAdapter(BaseAdapter):
 
 @register("answer_prior")
 class AnswerPriorAdapter(BaseAdapter):
-    """Track B's blind baseline: the most common reference answer of similar questions (`ctsvqa.AnswerPrior`), learned on
+    """Track B's blind baseline: the most common reference answer of similar questions (`ctsvqa.baselines.AnswerPrior`), learned on
     the other folds of scans (`group`: a record field; cross-fitted, so no question sees its own answer)."""
 
     def __init__(self, folds: int = 5, seed: int = 0, group: str = "scan_id", **kw):

@@ -1,4 +1,4 @@
-"""The radiologist review loop, closed: per-reader sheets go out, filled sheets come back, three criteria scored 0/1/2, inclusion when the mean exceeds 1.0, kappa per pair of readers, applied to the benchmark.
+"""Radiologist review, two ways: one-score sheets (0/1/2 per question, as the validate stage writes them) read back with inter-rater agreement by `spatialvqa reviews`, and the closed loop of SpatialMed: per-reader sheets on three criteria, inclusion when the mean exceeds 1.0, kappa per pair of readers, applied to the benchmark; and a read for clinical meaning.
 
 Docs: https://spatialvqa.github.io/spatialvqa/review.html.md"""
 
@@ -25,7 +25,7 @@ from .stats import cohen_kappa, fleiss_kappa
 
 # %% auto #0
 __all__ = ['SCORES', 'INCLUDE_ABOVE', 'REVIEW_CRITERIA', 'SCORE_MEANING', 'READ_CRITERIA', 'review_sheet', 'write_review_sheet',
-           'reader_sheet', 'write_reader_sheet', 'Reviews', 'collect_reviews', 'agreement', 'read_reviews',
+           'Reviews', 'collect_reviews', 'agreement', 'read_reviews', 'reader_sheet', 'write_reader_sheet',
            'read_reader_sheets', 'inclusion', 'pair_kappas', 'apply_review', 'clinical_read_sample',
            'clinical_read_summary', 'add_cli']
 
@@ -52,21 +52,6 @@ def review_sheet(records: Sequence[dict], raters: int = 2) -> pd.DataFrame:
 def write_review_sheet(records: Sequence[dict], path: str | os.PathLike, raters: int = 2) -> Path:
     "Write `review_sheet(records, raters)` to `path` as CSV (UTF-8, atomically)."
     with atomic_write(path, newline="") as f: review_sheet(records, raters).to_csv(f, index=False)
-    return Path(path)
-
-# %% ../nbs/26_review.ipynb #3e6ac69a
-REVIEW_CRITERIA = ("clinical_logicality", "quantitative_consistency", "exhaustive_mutuality")
-SCORE_MEANING = {0: "does not meet the criterion", 1: "minor issue", 2: "fully meets the criterion"}
-
-def reader_sheet(records: Sequence[Mapping]) -> pd.DataFrame:
-    "The sheet one reader fills: `validate.review_sheet`'s question columns, a blank column per criterion and a comment."
-    df = review_sheet(list(records), raters=0)
-    for c in (*REVIEW_CRITERIA, "comment"): df[c] = ""
-    return df
-
-def write_reader_sheet(records: Sequence[Mapping], path: str | os.PathLike) -> Path:
-    "Write `reader_sheet(records)` to `path` as CSV (UTF-8, atomically)."
-    with atomic_write(path, newline="") as f: reader_sheet(records).to_csv(f, index=False)
     return Path(path)
 
 # %% ../nbs/26_review.ipynb #ab5d6fec
@@ -120,6 +105,21 @@ def read_reviews(paths, weights: str | None = None) -> Reviews:
     scores = collect_reviews(paths)
     mean = scores.mean(axis=1) if scores.shape[1] else pd.Series(dtype=float)
     return Reviews(mean.rename("mean_score"), (mean > INCLUDE_ABOVE).rename("included"), agreement(scores, weights))
+
+# %% ../nbs/26_review.ipynb #3e6ac69a
+REVIEW_CRITERIA = ("clinical_logicality", "quantitative_consistency", "exhaustive_mutuality")
+SCORE_MEANING = {0: "does not meet the criterion", 1: "minor issue", 2: "fully meets the criterion"}
+
+def reader_sheet(records: Sequence[Mapping]) -> pd.DataFrame:
+    "The sheet one reader fills: `review_sheet`'s question columns, a blank column per criterion and a comment."
+    df = review_sheet(list(records), raters=0)
+    for c in (*REVIEW_CRITERIA, "comment"): df[c] = ""
+    return df
+
+def write_reader_sheet(records: Sequence[Mapping], path: str | os.PathLike) -> Path:
+    "Write `reader_sheet(records)` to `path` as CSV (UTF-8, atomically)."
+    with atomic_write(path, newline="") as f: reader_sheet(records).to_csv(f, index=False)
+    return Path(path)
 
 # %% ../nbs/26_review.ipynb #9e51cf72
 def read_reader_sheets(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> pd.DataFrame:
@@ -245,7 +245,7 @@ def _cli_reviews(a) -> int:
     return 0
 
 def add_cli(subparsers) -> None:
-    "Add the `reviews` subcommand to an argparse `subparsers` object (`spatialvqa validate` runs the validate stage: `cli`)."
+    "Add the `reviews` subcommand to an argparse `subparsers` object."
     r = subparsers.add_parser("reviews", help="mean score, inclusion and inter-rater agreement from filled review sheets")
     r.add_argument("sheets", nargs="+", help="filled review_sheet CSV files")
     r.add_argument("--weights", choices=["linear", "quadratic"], default=None, help="weighted Cohen's kappa (two raters)")

@@ -195,7 +195,7 @@ def test_blind_baselines_cover_chance(bench):
 
 
 def test_patient_medians_the_filter_never_used(bench):
-    """The median of 2 and of 5 other patients (`validate.SubjectAtlasAnswerer`, k = 2, 5; the filter holds k = 1, 3 and
+    """The median of 2 and of 5 other patients (`validate.answerers.SubjectAtlasAnswerer`, k = 2, 5; the filter holds k = 1, 3 and
     the median of all at chance), its patients every original scan of the generated questions: on the kept
     multiple-choice questions, overall and per task, within the Bonferroni bound of the audit (a single patient, before
     it filtered, answered the pipeline's phantom questions at 36.9 %)."""

@@ -2,7 +2,7 @@
 the operations the upstream code itself calls (torch `F.interpolate`, nibabel, pydicom, scipy; MONAI when it is
 installed), on a phantom stored LPS; radiological orientation of the 2D views; the content-hash cache; the slice grid.
 
-Upstream recipes (repository@commit file lines) are cited next to each re-expression; see nbs/09_views.ipynb."""
+Upstream recipes (repository@commit file lines) are cited next to each re-expression; see nbs/40_views.ipynb."""
 
 import nibabel as nib
 import numpy as np
