@@ -4,7 +4,8 @@ notebook cells, and public names defined in more than one module.
     python scripts/code_shape.py [--top 10]
 
 Limits: a module at most MODULE_LINES lines (`_modidx.py` aside), a function at most FUNCTION_LINES, an exported cell
-at most CELL_LINES, and every public name (no leading underscore; `add_cli`, which each module with commands defines,
+at most CELL_LINES, and at most CROWDED_LINES lines or CROWDED_DEFINITIONS functions and classes (fastcore's cells
+hold one idea each; a data table, a cell of assignments only, aside), and every public name (no leading underscore; `add_cli`, which each module with commands defines,
 and `log`, a module's logger, aside) defined at module level in one module only. tests/test_code_shape.py prints these figures and holds them to
 their ceilings, so that a change can shrink them but never grow them.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES, FUNCTION_LINES, CELL_LINES = 800, 60, 60
+CROWDED_LINES, CROWDED_DEFINITIONS = 40, 3
 SHARED_NAMES = {"add_cli", "log"}
 
 
@@ -59,6 +61,25 @@ def cell_lines(root: Path = ROOT) -> dict[str, int]:
     return out
 
 
+def crowded_cells(root: Path = ROOT) -> dict[str, int]:
+    """`notebook#cell-id` -> lines of each exported cell over CROWDED_LINES lines or with more than CROWDED_DEFINITIONS
+    functions and classes; a data table (only imports and assignments at the top level) is not counted."""
+    out = {}
+    nbs = root / "nbs"
+    for nb in sorted([*nbs.glob("*.ipynb"), *nbs.glob("[0-9]*/*.ipynb")]):
+        for i, c in enumerate(json.loads(nb.read_text())["cells"]):
+            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            if c["cell_type"] != "code" or not re.search(r"^#\|\s*exports?\b", src, re.M): continue
+            code = "\n".join(l for l in src.splitlines() if not l.startswith("#|"))
+            try: body = ast.parse(code).body
+            except SyntaxError: body = []
+            if body and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.Expr)) for n in body): continue
+            defs = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in body)
+            lines = len(code.splitlines())
+            if lines > CROWDED_LINES or defs > CROWDED_DEFINITIONS: out[f"{nb.relative_to(nbs)}#{c.get('id', i)}"] = lines
+    return out
+
+
 def public_definitions(root: Path = ROOT) -> dict[str, list[str]]:
     "Public name -> the modules that define it at module level (def, class or assignment)."
     seen: dict[str, list[str]] = {}
@@ -78,7 +99,8 @@ def figures(root: Path = ROOT) -> dict[str, dict]:
     "Each limit with what exceeds it: {'modules': {name: lines}, 'functions': ..., 'cells': ..., 'names': {name: modules}}."
     over = lambda d, lim: dict(sorted(((k, v) for k, v in d.items() if v > lim), key=lambda kv: -kv[1]))
     return {"modules": over(module_lines(root), MODULE_LINES), "functions": over(function_lines(root), FUNCTION_LINES),
-            "cells": over(cell_lines(root), CELL_LINES), "names": public_definitions(root)}
+            "cells": over(cell_lines(root), CELL_LINES), "crowded": over(crowded_cells(root), 0),
+            "names": public_definitions(root)}
 
 
 def report(f: dict[str, dict], top: int = 10) -> str:
@@ -88,6 +110,8 @@ def report(f: dict[str, dict], top: int = 10) -> str:
         items = list(f[key].items())
         lines.append(f"{len(items)} {what} {lim} lines" + (": " + ", ".join(f"{k} {v}" for k, v in items[:top]) if items else ""))
         if len(items) > top: lines[-1] += f", ... ({len(items) - top} more)"
+    n = len(f["crowded"])
+    lines.append(f"{n} exported cells over {CROWDED_LINES} lines or with more than {CROWDED_DEFINITIONS} functions and classes (data tables aside)")
     lines.append(f"{len(f['names'])} public names defined in more than one module"
                  + (": " + "; ".join(f"{k} in {', '.join(v)}" for k, v in f["names"].items()) if f["names"] else ""))
     return "\n".join(lines)
