@@ -49,34 +49,33 @@ def function_lines(root: Path = ROOT) -> dict[str, int]:
     return out
 
 
-def cell_lines(root: Path = ROOT) -> dict[str, int]:
-    "`notebook#cell-id` -> lines of each exported code cell of the library notebooks (the `#|` directives excluded)."
+def exported_cells(root: Path = ROOT) -> dict[str, str]:
+    "`notebook#cell-id` -> the code of each exported cell of the library notebooks (subpackages' too), `#|` lines dropped."
     out = {}
     nbs = root / "nbs"
-    for nb in sorted([*nbs.glob("*.ipynb"), *nbs.glob("[0-9]*/*.ipynb")]):          # a subpackage's notebooks too
+    for nb in sorted([*nbs.glob("*.ipynb"), *nbs.glob("[0-9]*/*.ipynb")]):
         for i, c in enumerate(json.loads(nb.read_text())["cells"]):
             src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
             if c["cell_type"] == "code" and re.search(r"^#\|\s*exports?\b", src, re.M):
-                out[f"{nb.relative_to(nbs)}#{c.get('id', i)}"] = len([l for l in src.splitlines() if not l.startswith("#|")])
+                out[f"{nb.relative_to(nbs)}#{c.get('id', i)}"] = "\n".join(l for l in src.splitlines() if not l.startswith("#|"))
     return out
+
+
+def cell_lines(root: Path = ROOT) -> dict[str, int]:
+    "`notebook#cell-id` -> lines of each exported code cell (the `#|` directives excluded)."
+    return {k: len(code.splitlines()) for k, code in exported_cells(root).items()}
 
 
 def crowded_cells(root: Path = ROOT) -> dict[str, int]:
     """`notebook#cell-id` -> lines of each exported cell over CROWDED_LINES lines or with more than CROWDED_DEFINITIONS
     functions and classes; a data table (only imports and assignments at the top level) is not counted."""
     out = {}
-    nbs = root / "nbs"
-    for nb in sorted([*nbs.glob("*.ipynb"), *nbs.glob("[0-9]*/*.ipynb")]):
-        for i, c in enumerate(json.loads(nb.read_text())["cells"]):
-            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            if c["cell_type"] != "code" or not re.search(r"^#\|\s*exports?\b", src, re.M): continue
-            code = "\n".join(l for l in src.splitlines() if not l.startswith("#|"))
-            try: body = ast.parse(code).body
-            except SyntaxError: body = []
-            if body and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.Expr)) for n in body): continue
-            defs = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in body)
-            lines = len(code.splitlines())
-            if lines > CROWDED_LINES or defs > CROWDED_DEFINITIONS: out[f"{nb.relative_to(nbs)}#{c.get('id', i)}"] = lines
+    for key, code in exported_cells(root).items():
+        try: body = ast.parse(code).body
+        except SyntaxError: body = []
+        if body and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.Expr)) for n in body): continue
+        defs = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in body)
+        if len(code.splitlines()) > CROWDED_LINES or defs > CROWDED_DEFINITIONS: out[key] = len(code.splitlines())
     return out
 
 

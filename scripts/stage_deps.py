@@ -49,8 +49,7 @@ def _imports(tree: ast.AST, modules: set[str], module: str = "") -> set[str]:
                 else (node.module or "")
             if not base.startswith(PKG): continue
             for a in node.names:                                      # `from pkg import module` or `from module import name`
-                sub = _targets(f"{base}.{a.name}", modules) if base + "." + a.name != PKG else set()
-                found |= sub or _targets(base, modules)
+                found |= _targets(f"{base}.{a.name}", modules) or _targets(base, modules)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(PKG + r"(\.\w+)+", node.value):
             found |= _targets(node.value, modules)
     return found & modules
