@@ -31,9 +31,8 @@ def stage_notebooks(dvc_yaml: Path) -> dict[str, str]:
     out = {}
     for name, st in stages.items():
         cmd = st["do"]["cmd"] if "do" in st else st["cmd"]
-        words = cmd.split()
-        stem = next((Path(w).name.split(".ipynb")[0] for w in words if w.startswith("reports/notebooks/")), None)
-        out[name] = (stem.split("${")[0].rstrip("_") + "_*" if "${" in stem else stem) if stem else None
+        # `spatialvqa-stage NAME` writes reports/notebooks/NAME.ipynb (NAME_<key>.ipynb for each foreach entry)
+        out[name] = ((name + "_*" if "foreach" in st else name) if cmd.split()[:2] == ["spatialvqa-stage", name] else None)
     return out
 
 

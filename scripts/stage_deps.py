@@ -1,6 +1,6 @@
 """Every DVC stage's code dependencies are the import closure of the notebook it runs.
 
-A stage notebook (`nbs/stages/<stage>.ipynb`) imports some `spatialvqa` modules; those import others, at the top or
+A stage notebook (`nbs/stages/<stage>.ipynb`, run by `spatialvqa-stage`, whose module `runner` counts too) imports some `spatialvqa` modules; those import others, at the top or
 inside a function (lazy imports count), by name or through an entry-point group (`spatialvqa.adapters` loads
 `spatialvqa.vlm`, `spatialvqa.answerers` loads `spatialvqa.agents`). A change to any module of that closure can change
 the stage's outputs, so `dvc.yaml` must list every one of them in the stage's `deps` (or the package folder
@@ -112,8 +112,14 @@ def stages(root: Path = ROOT) -> dict[str, dict]:
     return {k: (v.get("do") if "foreach" in v else v) for k, v in doc["stages"].items()}
 
 
+RUNNER = "runner"      # `spatialvqa-stage` (spatialvqa.runner) hands every stage notebook its parameters: it runs too
+
+
 def stage_notebook(entry: dict) -> str | None:
-    m = re.search(r"nbs/stages/[\w.-]+\.ipynb", str(entry.get("cmd", "")))
+    "The notebook a stage's cmd runs: `spatialvqa-stage NAME` runs nbs/stages/NAME.ipynb (or a path the cmd names)."
+    cmd = str(entry.get("cmd", ""))
+    if m := re.search(r"\bspatialvqa-stage\s+(\w+)", cmd): return f"nbs/stages/{m.group(1)}.ipynb"
+    m = re.search(r"nbs/stages/[\w.-]+\.ipynb", cmd)
     return m.group(0) if m else None
 
 
@@ -123,7 +129,9 @@ def needed(root: Path = ROOT) -> dict[str, set[str]]:
     out = {}
     for name, entry in stages(root).items():
         nb = stage_notebook(entry)
-        if nb: out[name] = closure(notebook_modules(root / nb, set(graph)), graph)
+        if nb:
+            runner = {RUNNER} if "spatialvqa-stage" in str(entry.get("cmd", "")) and RUNNER in graph else set()
+            out[name] = closure(notebook_modules(root / nb, set(graph)) | runner, graph)
     return out
 
 

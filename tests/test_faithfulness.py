@@ -80,7 +80,7 @@ def test_faithfulness_stage(tmp_path):
         cmd = [sys.executable, "-m", "papermill", "--kernel", "spatialvqa", "--cwd", str(ROOT), "--log-level", "WARNING",
                "--no-progress-bar", str(ROOT / "nbs/stages/faithfulness.ipynb"), str(tmp_path / f"{model}.ipynb"),
                "-p", "model", model, "-p", "benchmark", str(tmp_path / "bench.jsonl"), "-p", "predictions", str(tmp_path / f"{model}.jsonl"),
-               "-p", "paraphrases", str(tmp_path / "para.jsonl"), "-p", "n_sheet", "3",
+               "-p", "paraphrases", str(tmp_path / "para.jsonl"), "-p", "failure_n", "3",
                "-p", "results", str(tmp_path / "res" / model), "-p", "figure", str(tmp_path / "fig" / f"{model}.png")]
         subprocess.run(cmd, check=True, capture_output=True)
         out[model] = json.loads((tmp_path / "res" / model / "summary.json").read_text())

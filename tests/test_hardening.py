@@ -272,14 +272,14 @@ def test_stage_run_writes_the_key_nowhere(tmp_path, monkeypatch):
 
 
 def test_dvc_stage_refuses_a_secret_in_params_before_papermill_writes(tmp_path):
-    """papermill writes every -p value into the executed notebook before the first cell runs, so a check inside the
-    notebook comes too late: every stage command (dvc.yaml's `nb` prefix) runs `spatialvqa check-params` first."""
+    """papermill writes every parameter into the executed notebook before the first cell runs, so a check inside the
+    notebook comes too late: the runner every dvc.yaml stage goes through (`spatialvqa-stage`) checks params.yaml first."""
     import yaml
-    nb = yaml.safe_load((ROOT / "dvc.yaml").read_text())["vars"][0]["nb"]
-    assert nb.startswith("spatialvqa check-params params.yaml && ")
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert all((st.get("do") or st)["cmd"].startswith("spatialvqa-stage ") for st in stages.values())
     llm = json.dumps({"backend": "openai", "model": "m", "api_key": KEY})
     (tmp_path / "params.yaml").write_text(f"validate:\n  llm: '{llm}'\n")
-    cmd = f"{nb} {ROOT / 'nbs/stages/validate.ipynb'} reports/notebooks/validate.ipynb -p llm '{llm}'"
+    cmd = f"spatialvqa-stage validate --dvc-file {ROOT / 'dvc.yaml'} -p questions q.jsonl"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "params.yaml: validate.llm.api_key" in r.stderr and KEY not in r.stderr + r.stdout
@@ -773,17 +773,16 @@ def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
 
 def test_i23_stage_commands_show_the_pipelines_defaults():
     "validate's (and every stage command's) defaults are what dvc.yaml passes from params.yaml, and --help shows them."
-    import re
     import yaml
     from spatialvqa.cli import STAGE_COMMANDS, stage_parameters
+    from spatialvqa.runner import stage_values
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     differ = []
     for stage in STAGE_COMMANDS:
         ours = stage_parameters(stage)
-        for name, ref in re.findall(r"-p (\w+) '?\"?\$\{([\w.]+)\}", stages[stage]["cmd"]):
-            value = params
-            for k in ref.split("."): value = value[k]
+        values, _ = stage_values(stages[stage]["params"], params, ours)
+        for name, value in values.items():
             if name == STAGE_COMMANDS[stage].get("positional"): continue       # an input the command requires
             if name in ours and ours[name][0] != value and not (isinstance(value, (int, float)) and ours[name][0] == value):
                 differ.append(f"{stage}.{name}")

@@ -1,5 +1,7 @@
-"""Every stage notebook's `parameters` cell is read by papermill's own parser as Python reads it, and every `-p NAME`
-that dvc.yaml passes to a stage is a parameter papermill finds in that stage's notebook. papermill's parser reads one
+"""Every stage notebook's `parameters` cell is read by papermill's own parser as Python reads it; every `-p NAME` that a
+dvc.yaml command passes is a parameter papermill finds in that stage's notebook; and parameters reach a notebook one way:
+the runner (`spatialvqa-stage`, spatialvqa.runner) gives it the params.yaml values the stage lists, so no command spells
+out a `${...}` value of params.yaml, and every listed value finds its parameter. papermill's parser reads one
 assignment per line and gives up on a line with a second `=` (in a comment too: `# "" = none` lost the `draws`
 parameter of the tables stage, and `-p draws ...` then only warned "Passed unknown parameter")."""
 from __future__ import annotations
@@ -42,8 +44,8 @@ def stage_commands(root: Path = ROOT) -> dict[str, str]:
 def passed(cmd: str) -> tuple[str, list[str]]:
     "(the stage notebook a cmd runs, the names of its `-p` options)."
     words = shlex.split(re.sub(r"\$\{[^}]*\}", "X", cmd))
-    nb = next(w for w in words if w.startswith("nbs/stages/") and w.endswith(".ipynb"))
-    return nb, [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-p", "--parameters")]
+    stage = words[words.index("spatialvqa-stage") + 1]
+    return f"nbs/stages/{stage}.ipynb", [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-p", "--parameter")]
 
 
 def test_fixtures_found():
@@ -77,6 +79,37 @@ def test_dvc_passes_only_known_parameters(stage):
     "Every `-p NAME` of the stage's cmd is a parameter of its notebook (papermill would only warn, and run the default)."
     nb, names = passed(stage_commands()[stage])
     known = set(inspect_notebook(str(ROOT / nb)))
-    assert names, f"{stage}: no -p option in its cmd"
     assert not set(names) - known, f"{stage}: dvc.yaml passes {sorted(set(names) - known)}, which {nb} does not declare"
     assert len(names) == len(set(names)), f"{stage}: a parameter passed twice"
+
+
+def foreach_keys(stage: str) -> list[str | None]:
+    "The keys a stage runs for: a foreach stage's entries (its `foreach` names a params.yaml table), else [None]."
+    st = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]
+    if "foreach" not in st: return [None]
+    from spatialvqa.runner import param_at
+    return list(param_at(yaml.safe_load((ROOT / "params.yaml").read_text()), st["foreach"].strip("${}")))
+
+
+@pytest.mark.parametrize("stage", sorted(stage_commands()))
+def test_parameters_arrive_one_way(stage, monkeypatch):
+    """A command names files, never a params.yaml value (`${section.name}`): those come from the stage's `params:` list,
+    and every value listed there finds a parameter of the notebook (the runner refuses one that does not)."""
+    from spatialvqa.runner import cli_value, stage_parameters_of
+    cmd = stage_commands()[stage]
+    assert cmd.split()[:2] == ["spatialvqa-stage", stage], cmd
+    assert not re.findall(r"\$\{(?!key\})[^}]*\}", cmd), f"{stage}: a params.yaml value spelled out in its cmd"
+    monkeypatch.chdir(ROOT)
+    for key in foreach_keys(stage):
+        words = shlex.split(cmd.replace("${key}", key or ""))
+        given = {words[i + 1]: cli_value(words[i + 2]) for i, w in enumerate(words[:-2]) if w == "-p"}
+        nb, values = stage_parameters_of(stage, given, key)
+        assert nb == Path("nbs/stages") / f"{stage}.ipynb" and set(given) <= set(values)
+
+
+def test_a_value_given_two_ways_is_refused(monkeypatch):
+    "The runner's guard, on the real pipeline: validate lists its section, so the command may not pass `tol` too."
+    from spatialvqa.runner import stage_parameters_of
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ValueError, match="tol given in the command, but params.yaml gives it"):
+        stage_parameters_of("validate", {"tol": 0.5})

@@ -15,15 +15,17 @@ def _nb(path, start, end):
 def test_stage_times(tmp_path, capsys):
     (tmp_path / "dvc.yaml").write_text("""stages:
   a:
-    cmd: ${nb} nbs/stages/a.ipynb reports/notebooks/a.ipynb -p x 1
+    cmd: spatialvqa-stage a -p x 1
   a_twin:
-    cmd: ${nb} nbs/stages/a_twin.ipynb reports/notebooks/a_twin.ipynb
+    cmd: spatialvqa-stage a_twin
   infer:
     foreach: ${models}
     do:
-      cmd: ${nb} nbs/stages/infer.ipynb reports/notebooks/infer_${key}.ipynb
+      cmd: spatialvqa-stage infer --key ${key} -p model ${key}
   never:
-    cmd: ${nb} nbs/stages/never.ipynb reports/notebooks/never.ipynb
+    cmd: spatialvqa-stage never
+  other:
+    cmd: python make_it.py
 """)
     r = tmp_path / "nbs"; r.mkdir()
     _nb(r / "a.ipynb", "00:00", "01:30")          # 90 s
@@ -31,10 +33,10 @@ def test_stage_times(tmp_path, capsys):
     _nb(r / "infer_random.ipynb", "01:30", "01:40")
     _nb(r / "infer_oracle.ipynb", "01:40", "02:00")
     stages = stage_times.stage_notebooks(tmp_path / "dvc.yaml")
-    assert stages == {"a": "a", "a_twin": "a_twin", "infer": "infer_*", "never": "never"}
+    assert stages == {"a": "a", "a_twin": "a_twin", "infer": "infer_*", "never": "never", "other": None}
     rows, missing = stage_times.table(stages, stage_times.read_times(r))
     assert {x["stage"]: (x["notebooks"], x["seconds"]) for x in rows} == {"a": (1, 90), "a_twin": (1, 10), "infer": (2, 30)}
-    assert missing == ["never"]
+    assert missing == ["never", "other"]               # no notebook ran, or none is run by the stage
     assert stage_times.main(["--reports", str(r), "--dvc-yaml", str(tmp_path / "dvc.yaml"), "--markdown", "--wall", "200"]) == 0
     out = capsys.readouterr()
     assert "| **sum of the stages** | 4 | **2 min 10.0 s** | 100% |" in out.out
