@@ -3,42 +3,48 @@ seen the filter's answerers or the generator; like benchmarks/independent_attack
 
     python benchmarks/outside_attack_2.py [data/benchmark/validated.jsonl] [OUT]
 
+or from Python (a stage notebook loads this file by its path; nothing runs on import):
+
+    main(src, out, n_repeats=3, only=None, verbose=True) -> dict
+
 Eight attackers (answer-position prior, option heuristics, a hashed text classifier, gradient boosting on hand-made
 features with and without the copy tag, fixed anatomy rules, a fixed distractor-structure rule, a stacker), cross-fitted
 on 5 folds of scan families repeated 3 times; 95% intervals from 2,000 bootstrap resamples of families. Prints the
-table the README quotes. NREP (environment) sets the repeats.
+table the README quotes. On the command line NREP (environment) sets the repeats and ONLY (attacker names, comma
+separated) keeps some attackers.
+
+Writes to OUT, none of them with a timing in it (timings go to stderr):
+  corr.npz      per attacker, repeats x questions: expected correctness (ties split), questions in qmeta.csv's order
+  qmeta.csv     qid, subtask, src, cf of each MC question
+  table.txt     the tables printed to stdout
+  summary.json  what main returns: counts, and per attacker the accuracy with its 95% interval (fractions in [0, 1]) on
+                all questions, on originals (no pair_of), on real-patient (non-phantom) questions, per task, and on flip
+                pairs (a pair_of twin whose answer differs: both answered right)
 
 Only uses: question, options, task, subtask, source (dataset), qid/pair_of/scan_id
 (for grouping + pairing), and answer_letter/answer_text as training labels/evaluation.
+
+Cost: everything that depends on a question alone (option features, structure phrases, heuristic scores, hashed text,
+the fixed rules) is computed once; the stacker reuses the fold's prior, text, GBM and heuristic fits on the outer fold
+instead of refitting them. What remains is the fits (60 text LRs and 75 HistGradientBoosting fits with 3 repeats),
+run on one thread (OpenMP and BLAS). The numbers are the same, bit for bit, as the first version's (2026-11-26, run
+with OPENBLAS_NUM_THREADS=1), which recomputed features and refitted per fold.
 """
-import json, re, sys, time, math, os
+import io, json, re, sys, time, math, os
+from functools import lru_cache
+
 import numpy as np, pandas as pd
-from collections import defaultdict
 from sklearn.linear_model import LogisticRegression
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.feature_extraction import FeatureHasher
+from threadpoolctl import threadpool_limits
 
-T0 = time.time()
-RNG = np.random.default_rng(0)
-N_REPEATS = int(os.environ.get("NREP", 3))
 NFOLD = 5
+B = 2000  # bootstrap resamples of families
 L = "ABCD"
-
-SRC = sys.argv[1] if len(sys.argv) > 1 else "data/benchmark/validated.jsonl"
-OUT = sys.argv[2] if len(sys.argv) > 2 else "/tmp/outside_attack_2"
-os.makedirs(OUT, exist_ok=True)
-rows = [json.loads(l) for l in open(SRC)]
 KEEP = ["qid", "scan_id", "source", "task", "subtask", "format", "question", "options",
         "answer_letter", "answer_text", "pair_of"]
-d = pd.DataFrame([{k: r[k] for k in KEEP} for r in rows])
-d = d[(d.format == "mc") & (d.task != "VOLEST")].reset_index(drop=True)
-d["fam"] = d.scan_id.str.split("~").str[0]
-d["src"] = d.source.str.split("+").str[0]
-d["cf"] = d.source.str.split("+").str[1].fillna("orig")
-d["y"] = d.answer_letter.map(L.index)
-d["stem"] = d.question.str.split(r"\? ").str[0]  # drop boilerplate sentence
-NQ = len(d)
-print("MC questions", NQ, "families", d.fam.nunique(), file=sys.stderr)
+TASK_TABLE = ["DIR", "DIST", "EXT", "VOL", "COMP"]  # column order of the printed task table
 
 # ---------------------------------------------------------------- parsing helpers
 NUM = re.compile(r"\d+(?:\.\d+)?")
@@ -84,16 +90,20 @@ PHR = [
     ("larynx", "larynx"), ("brainstem", "brainstem"),
 ]
 
+PHR_LONGEST_FIRST = [(re.compile(re.escape(ph)), k) for ph, k in sorted(PHR, key=lambda p: -len(p[0]))]
 
+
+@lru_cache(maxsize=None)
 def find_structs(text):
+    """structure keys in the order they appear in text (a longer phrase wins an overlap); a tuple, cached per text."""
     t = text.lower()
     out, used = [], np.zeros(len(t) + 1, bool)
-    for ph, k in sorted(PHR, key=lambda p: -len(p[0])):
-        for mm in re.finditer(re.escape(ph), t):
+    for rx, k in PHR_LONGEST_FIRST:
+        for mm in rx.finditer(t):
             if not used[mm.start():mm.end()].any():
                 used[mm.start():mm.end()] = True
                 out.append((mm.start(), k))
-    return [k for _, k in sorted(out)]
+    return tuple(k for _, k in sorted(out))
 
 
 # ---------------------------------------------------------------- anatomy "textbook" (my own priors)
@@ -316,41 +326,6 @@ def opt_feats(r):
         F.append(f)
     return F
 
-
-CAT_SUBTASKS = sorted(d.subtask.unique())
-CAT_SRC = sorted(d.src.unique())
-COMMON_OPTS = pd.Series([o for os in d.options for o in os]).value_counts()
-COMMON_OPTS = [o for o, c in COMMON_OPTS.items() if c >= 8 and not NUM.search(o)]
-QKEYS = sorted({k for s in d.stem for k in find_structs(s)})
-print("common opt texts", len(COMMON_OPTS), "struct keys", len(QKEYS), file=sys.stderr)
-
-
-def build_dense(df, use_src=False, use_cf=False):
-    recs = []
-    for r in df.itertuples():
-        fs = opt_feats(r)
-        qk = set(find_structs(r.stem))
-        dv = dir_of(r.stem)
-        for i, f in enumerate(fs):
-            f = dict(f)
-            f["st"] = CAT_SUBTASKS.index(r.subtask)
-            f["task"] = ["COMP", "DIR", "DIST", "EXT", "VOL"].index(r.task)
-            f["qdir"] = -1 if dv is None else int(np.argmax(np.abs(dv)) * 2 + (dv.sum() > 0))
-            f["opt_txt"] = COMMON_OPTS.index(r.options[i]) if r.options[i] in COMMON_OPTS else -1
-            ok = find_structs(r.options[i])
-            f["opt_key"] = QKEYS.index(ok[0]) if ok and ok[0] in QKEYS else -1
-            for k in QKEYS:
-                f["q_" + k] = float(k in qk)
-            f["asc"] = float("smallest to largest" in r.stem.lower())
-            if use_src:
-                f["src"] = CAT_SRC.index(r.src)
-            if use_cf:
-                f["cf"] = ["orig", "mirror", "resize"].index(r.cf)
-            recs.append(f)
-    X = pd.DataFrame(recs).fillna(-2.0)
-    return X
-
-
 # text tokens for the linear text classifier
 STOP = set("the of a an and or is are in to which what by how these from that its this with as be one".split())
 
@@ -377,23 +352,6 @@ def text_tokens(r, i):
     toks += ["o2:" + a + "_" + b for a, b in zip(ow, ow[1:])]
     toks += ["q:%s|o:%s" % (q, w) for q in set(qw) for w in set(ow)]
     return toks
-
-
-# ---------------------------------------------------------------- attackers (fit on train idx, score test idx)
-def att_prior(tr, te):
-    cnt = defaultdict(lambda: np.ones(4))
-    glob = np.ones(4)
-    for r in d.loc[tr].itertuples():
-        cnt[r.subtask][r.y] += 1
-        glob[r.y] += 1
-    out = []
-    for r in d.loc[te].itertuples():
-        c = cnt[r.subtask] if r.subtask in cnt else glob
-        p = c / c.sum() + 1e-6 * glob / glob.sum()
-        out.append(p)
-    return np.array(out)
-
-
 HEUR = {
     **{"pos" + L[i]: (lambda r, i=i: np.eye(4)[i]) for i in range(4)},
     "num_min": lambda r, F: -np.array([f.get("rank", 0) for f in F]),
@@ -408,67 +366,6 @@ HEUR = {
     "opt_in_q": lambda r, F: np.array([f["opt_in_q"] for f in F]),
     "not_in_q": lambda r, F: -np.array([f["opt_in_q"] for f in F]),
 }
-
-
-def heur_score(name, r, F):
-    h = HEUR[name]
-    s = h(r) if name.startswith("pos") else h(r, F)
-    return np.asarray(s, float) + 1e-3 * RNG.random(4) * 0  # deterministic; ties -> first
-
-
-FEATS_CACHE = {}
-
-
-def feats(i):
-    if i not in FEATS_CACHE:
-        FEATS_CACHE[i] = opt_feats(d.loc[i])
-    return FEATS_CACHE[i]
-
-
-def att_heur(tr, te):
-    # choose best heuristic per subtask on train (fallback: per task, then global)
-    acc = {}
-    for name in HEUR:
-        for i in tr:
-            r = d.loc[i]
-            s = heur_score(name, r, feats(i))
-            ties = s == s.max()
-            hit = float(ties[r.y]) / ties.sum()
-            for key in (("st", r.subtask), ("task", r.task), ("all",)):
-                a = acc.setdefault((key, name), [0.0, 0])
-                a[0] += hit
-                a[1] += 1
-    def best(key):
-        c = [(acc[(key, n)][0] / acc[(key, n)][1], n) for n in HEUR if (key, n) in acc]
-        n = acc.get((key, "posA"), [0, 0])[1]
-        return max(c)[1] if c else None, n
-    out = []
-    for i in te:
-        r = d.loc[i]
-        name, n = best(("st", r.subtask))
-        if name is None or n < 8:
-            name, n = best(("task", r.task))
-        if name is None:
-            name, _ = best(("all",))
-        s = heur_score(name, r, feats(i))
-        p = np.exp(3 * (s - s.max()) / (np.abs(s).max() + 1e-9))
-        out.append(p / p.sum())
-    return np.array(out)
-
-
-HASH = FeatureHasher(n_features=2 ** 18, input_type="string", alternate_sign=False)
-TXT = None
-
-
-def text_matrix():
-    global TXT
-    if TXT is None:
-        toks = [text_tokens(r, i) for r in d.itertuples() for i in range(4)]
-        TXT = HASH.transform(toks).tocsr()
-        TXT.data = np.log1p(TXT.data)
-    return TXT
-
-
 def opt_rows(idx):
     return np.concatenate([np.arange(4) + 4 * i for i in idx])
 
@@ -480,196 +377,380 @@ def softmax4(s):
     return e / e.sum(1, keepdims=True)
 
 
-def att_text(tr, te):
-    X = text_matrix()
-    ytr = np.zeros(4 * len(tr))
-    ytr[np.arange(len(tr)) * 4 + d.loc[tr].y.values] = 1
-    clf = LogisticRegression(C=0.5, max_iter=2000, class_weight={0: 1, 1: 3})
-    clf.fit(X[opt_rows(tr)], ytr)
-    return softmax4(clf.decision_function(X[opt_rows(te)]))
+def heur_score(name, r, F):
+    h = HEUR[name]
+    s = h(r) if name.startswith("pos") else h(r, F)
+    # the first version added `1e-3 * RNG.random(4) * 0`: zeros (deterministic; ties -> first); + 0.0 is the same sum
+    return np.asarray(s, float) + 0.0
 
 
-DENSE = {}
+HASH = FeatureHasher(n_features=2 ** 18, input_type="string", alternate_sign=False)
 
 
-def dense(use_src, use_cf):
-    k = (use_src, use_cf)
-    if k not in DENSE:
-        DENSE[k] = build_dense(d, use_src, use_cf)
-    return DENSE[k]
+def load(src):
+    "The MC questions (VOLEST aside) of a validated.jsonl, with family, dataset, copy tag, label and stem."
+    with open(src) as fh:
+        rows = [json.loads(line) for line in fh]
+    d = pd.DataFrame([{k: r[k] for k in KEEP} for r in rows])
+    d = d[(d.format == "mc") & (d.task != "VOLEST")].reset_index(drop=True)
+    d["fam"] = d.scan_id.str.split("~").str[0]
+    d["src"] = d.source.str.split("+").str[0]
+    d["cf"] = d.source.str.split("+").str[1].fillna("orig")
+    d["y"] = d.answer_letter.map(L.index)
+    d["stem"] = d.question.str.split(r"\? ").str[0]  # drop boilerplate sentence
+    return d
 
 
-def att_gbm(tr, te, use_src=False, use_cf=False):
-    X = dense(use_src, use_cf)
-    cats = [c for c in ["st", "task", "qdir", "opt_txt", "opt_key", "src", "cf"] if c in X.columns]
-    Xc = X.copy()
-    for c in cats:
-        Xc[c] = Xc[c] + 1  # non-negative for categorical
-    ytr = np.zeros(4 * len(tr))
-    ytr[np.arange(len(tr)) * 4 + d.loc[tr].y.values] = 1
-    clf = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=10,
-                                         l2_regularization=1.0, categorical_features=[c in cats for c in Xc.columns],
-                                         random_state=0)
-    clf.fit(Xc.iloc[opt_rows(tr)], ytr)
-    p = clf.predict_proba(Xc.iloc[opt_rows(te)])[:, 1]
-    return softmax4(np.log(np.clip(p, 1e-6, 1)))
+# ---------------------------------------------------------------- attackers (fit on train idx, score test idx)
+class Attack:
+    """The questions `d` and what depends on a question alone, computed once: option features, heuristic scores and
+    hits, fixed-rule scores, and (on first use) the hashed text and the dense feature tables. The attackers are methods
+    (tr, te) -> test x 4 option probabilities, tr and te positions in `d`. Within one fold (`memo`, cleared by the
+    caller) a fit asked again with the same tr and te (the stacker's outer fit of a base attacker) is not redone."""
+
+    def __init__(self, d, log=lambda *a: None):
+        self.d, self.nq = d, len(d)
+        self.y = d.y.values
+        self.fam = d.fam.values
+        self.subtask, self.task = d.subtask.values, d.task.values
+        self.cat_subtasks = sorted(d.subtask.unique())
+        self.cat_src = sorted(d.src.unique())
+        self.st_code = np.array([self.cat_subtasks.index(s) for s in self.subtask], int)
+        common = pd.Series([o for os in d.options for o in os]).value_counts()
+        self.common_opts = [o for o, c in common.items() if c >= 8 and not NUM.search(o)]
+        self.qkeys = sorted({k for s in d.stem for k in find_structs(s)})
+        log("common opt texts", len(self.common_opts), "struct keys", len(self.qkeys))
+        self.rows = list(d.itertuples())
+        self.F = [opt_feats(r) for r in self.rows]
+        ar = np.arange(self.nq)
+        self.hs, self.hit = {}, {}
+        for name in HEUR:
+            s = np.array([heur_score(name, r, F) for r, F in zip(self.rows, self.F)]).reshape(self.nq, 4)
+            ties = s == s.max(1, keepdims=True)
+            self.hs[name], self.hit[name] = s, ties[ar, self.y] / ties.sum(1)
+        self.atlas = np.array([atlas_scores(r) for r in self.rows]).reshape(self.nq, 4)
+        self.struct = np.array([structure_rule(r, F, self.atlas) for r, F in zip(self.rows, self.F)]).reshape(self.nq, 4)
+        self._txt, self._dense, self.memo = None, {}, {}
+
+    def once(self, name, fn, tr, te):
+        key = (name, tr.tobytes(), te.tobytes())
+        if key not in self.memo:
+            self.memo[key] = fn(tr, te)
+        return self.memo[key]
+
+    def labels(self, tr):
+        ytr = np.zeros(4 * len(tr))
+        ytr[np.arange(len(tr)) * 4 + self.y[tr]] = 1
+        return ytr
+
+    def prior(self, tr, te):
+        "answer-position counts per subtask on train (+1 each; the global counts for a subtask train lacks)"
+        cnt = np.ones((len(self.cat_subtasks), 4))
+        np.add.at(cnt, (self.st_code[tr], self.y[tr]), 1)
+        glob = np.ones(4) + np.bincount(self.y[tr], minlength=4)
+        seen = np.zeros(len(self.cat_subtasks), bool)
+        seen[self.st_code[tr]] = True
+        p_st = cnt / cnt.sum(1, keepdims=True) + 1e-6 * glob / glob.sum()
+        p_glob = glob / glob.sum() + 1e-6 * glob / glob.sum()
+        code = self.st_code[te]
+        return np.where(seen[code][:, None], p_st[code], p_glob)
+
+    def heur(self, tr, te):
+        "choose best heuristic per subtask on train (fallback: per task, then global)"
+        acc = {}
+        groups = [(("st", g), tr[self.subtask[tr] == g]) for g in pd.unique(self.subtask[tr])]
+        groups += [(("task", g), tr[self.task[tr] == g]) for g in pd.unique(self.task[tr])] + [(("all",), tr)]
+        for key, idx in groups:
+            for name in HEUR:  # hits summed one by one in train order (cumsum), as the first version's loop did
+                acc[(key, name)] = (np.cumsum(self.hit[name][idx])[-1], len(idx))
+
+        def best(key):
+            c = [(acc[(key, n)][0] / acc[(key, n)][1], n) for n in HEUR if (key, n) in acc]
+            n = acc.get((key, "posA"), [0, 0])[1]
+            return max(c)[1] if c else None, n
+        out = []
+        for i in te:
+            name, n = best(("st", self.subtask[i]))
+            if name is None or n < 8:
+                name, n = best(("task", self.task[i]))
+            if name is None:
+                name, _ = best(("all",))
+            s = self.hs[name][i]
+            p = np.exp(3 * (s - s.max()) / (np.abs(s).max() + 1e-9))
+            out.append(p / p.sum())
+        return np.array(out)
+
+    def text_matrix(self):
+        if self._txt is None:
+            toks = [text_tokens(r, i) for r in self.rows for i in range(4)]
+            self._txt = HASH.transform(toks).tocsr()
+            self._txt.data = np.log1p(self._txt.data)
+        return self._txt
+
+    def text(self, tr, te):
+        X = self.text_matrix()
+        clf = LogisticRegression(C=0.5, max_iter=2000, class_weight={0: 1, 1: 3})
+        clf.fit(X[opt_rows(tr)], self.labels(tr))
+        return softmax4(clf.decision_function(X[opt_rows(te)]))
+
+    def dense(self, use_src, use_cf):
+        "the option x feature table (categorical codes + 1) and which columns are categorical"
+        k = (use_src, use_cf)
+        if k not in self._dense:
+            X = build_dense(self, use_src, use_cf)
+            cats = [c for c in ["st", "task", "qdir", "opt_txt", "opt_key", "src", "cf"] if c in X.columns]
+            for c in cats:
+                X[c] = X[c] + 1  # non-negative for categorical
+            self._dense[k] = X, [c in cats for c in X.columns]
+        return self._dense[k]
+
+    def gbm(self, tr, te, use_src=False, use_cf=False):
+        Xc, is_cat = self.dense(use_src, use_cf)
+        clf = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=10,
+                                             l2_regularization=1.0, categorical_features=is_cat, random_state=0)
+        clf.fit(Xc.iloc[opt_rows(tr)], self.labels(tr))
+        p = clf.predict_proba(Xc.iloc[opt_rows(te)])[:, 1]
+        return softmax4(np.log(np.clip(p, 1e-6, 1)))
+
+    def atlas_att(self, tr, te):
+        s = self.atlas[te]
+        s = (s == s.max(1, keepdims=True)).astype(float)
+        return s / s.sum(1, keepdims=True)
+
+    def struct_att(self, tr, te):
+        s = self.struct[te]
+        s = (s == s.max(1, keepdims=True)).astype(float)
+        return s / s.sum(1, keepdims=True)
+
+    # the fits the stacker repeats on the outer fold: each once per fold
+    def prior_1(self, tr, te): return self.once("prior", self.prior, tr, te)
+    def heur_1(self, tr, te): return self.once("heur", self.heur, tr, te)
+    def text_1(self, tr, te): return self.once("text", self.text, tr, te)
+    def gbm_1(self, tr, te): return self.once("gbm", self.gbm, tr, te)
+    def gbm_cf(self, tr, te): return self.gbm(tr, te, use_src=True, use_cf=True)
+
+    def stack(self, tr, te):
+        """LR stacker on inner-OOF option scores of prior/text/gbm/heur + atlas indicator."""
+        tr = np.asarray(tr)
+        fams = pd.unique(self.fam[tr])
+        rng = np.random.default_rng(len(tr))
+        fold_of = dict(zip(fams, rng.integers(0, 3, len(fams))))
+        inner = np.array([fold_of[f] for f in self.fam[tr]])
+        base = [self.prior_1, self.text_1, self.gbm_1, self.heur_1]
+        Z_tr = np.zeros((len(tr), 4, len(base) + 1))
+        for k in range(3):
+            a, b = tr[inner != k], tr[inner == k]
+            for j, f in enumerate(base):
+                Z_tr[inner == k, :, j] = np.log(f(a, b) + 1e-4)
+        Z_tr[:, :, -1] = self.atlas_att(None, tr)
+        Z_te = np.zeros((len(te), 4, len(base) + 1))
+        for j, f in enumerate(base):
+            Z_te[:, :, j] = np.log(f(tr, te) + 1e-4)
+        Z_te[:, :, -1] = self.atlas_att(None, te)
+        clf = LogisticRegression(C=1.0, max_iter=1000)
+        clf.fit(Z_tr.reshape(-1, Z_tr.shape[2]), self.labels(tr))
+        return softmax4(clf.decision_function(Z_te.reshape(-1, Z_te.shape[2])))
+
+    def attackers(self):
+        return {
+            "prior(subtask pos)": self.prior_1,
+            "heuristic-select": self.heur_1,
+            "text-LR(hash)": self.text_1,
+            "GBM(hand feats)": self.gbm_1,
+            "GBM+cf-flag": self.gbm_cf,
+            "atlas-rules(fixed)": self.atlas_att,
+            "distractor-structure(fixed)": self.struct_att,
+            "stacker": self.stack,
+        }
 
 
-ATLAS = np.array([atlas_scores(r) for r in d.itertuples()])
+def build_dense(A, use_src=False, use_cf=False):
+    recs = []
+    for r in A.rows:
+        qk = set(find_structs(r.stem))
+        dv = dir_of(r.stem)
+        for i, f in enumerate(A.F[r.Index]):
+            f = dict(f)
+            f["st"] = A.cat_subtasks.index(r.subtask)
+            f["task"] = ["COMP", "DIR", "DIST", "EXT", "VOL"].index(r.task)
+            f["qdir"] = -1 if dv is None else int(np.argmax(np.abs(dv)) * 2 + (dv.sum() > 0))
+            f["opt_txt"] = A.common_opts.index(r.options[i]) if r.options[i] in A.common_opts else -1
+            ok = find_structs(r.options[i])
+            f["opt_key"] = A.qkeys.index(ok[0]) if ok and ok[0] in A.qkeys else -1
+            for k in A.qkeys:
+                f["q_" + k] = float(k in qk)
+            f["asc"] = float("smallest to largest" in r.stem.lower())
+            if use_src:
+                f["src"] = A.cat_src.index(r.src)
+            if use_cf:
+                f["cf"] = ["orig", "mirror", "resize"].index(r.cf)
+            recs.append(f)
+    X = pd.DataFrame(recs).fillna(-2.0)
+    return X
 
 
-def att_atlas(tr, te):
-    s = ATLAS[te]
-    s = (s == s.max(1, keepdims=True)).astype(float)
-    return s / s.sum(1, keepdims=True)
-
-
-def structure_rule(r, F):
+def structure_rule(r, F, atlas):
     """fixed (not learned) distractor-structure rule: triples -> an option that is an axis
     permutation of another (tie: closest to my atlas); scalar numerics -> most isolated value."""
     if all("perm_of_other" in f for f in F):
         sh = np.array([f["shared_comp"] for f in F], float)
-        return sh + 0.01 * softmax4(ATLAS[r.Index])[0]
+        return sh + 0.01 * softmax4(atlas[r.Index])[0]
     if all("gap_min" in f for f in F) and r.subtask in ("EXT.value", "VOL.value", "DIST.value", "VOL.sum",
                                                             "VOL.difference"):
         return np.array([f["gap_min"] for f in F])
     return np.zeros(4)
 
 
-STRUCT = np.array([structure_rule(r, feats(r.Index)) for r in d.itertuples()])
-
-
-def att_struct(tr, te):
-    s = STRUCT[te]
-    s = (s == s.max(1, keepdims=True)).astype(float)
-    return s / s.sum(1, keepdims=True)
-
-
-def att_stack(tr, te):
-    """LR stacker on inner-OOF option scores of prior/text/gbm/heur + atlas indicator."""
-    tr = np.asarray(tr)
-    fams = d.loc[tr].fam.unique()
-    rng = np.random.default_rng(len(tr))
-    fold_of = dict(zip(fams, rng.integers(0, 3, len(fams))))
-    inner = np.array([fold_of[f] for f in d.loc[tr].fam])
-    base = [att_prior, att_text, att_gbm, att_heur]
-    Z_tr = np.zeros((len(tr), 4, len(base) + 1))
-    for k in range(3):
-        a, b = tr[inner != k], tr[inner == k]
-        for j, f in enumerate(base):
-            Z_tr[inner == k, :, j] = np.log(f(a, b) + 1e-4)
-    Z_tr[:, :, -1] = att_atlas(None, tr)
-    Z_te = np.zeros((len(te), 4, len(base) + 1))
-    for j, f in enumerate(base):
-        Z_te[:, :, j] = np.log(f(tr, te) + 1e-4)
-    Z_te[:, :, -1] = att_atlas(None, te)
-    ytr = np.zeros(4 * len(tr))
-    ytr[np.arange(len(tr)) * 4 + d.loc[tr].y.values] = 1
-    clf = LogisticRegression(C=1.0, max_iter=1000)
-    clf.fit(Z_tr.reshape(-1, Z_tr.shape[2]), ytr)
-    return softmax4(clf.decision_function(Z_te.reshape(-1, Z_te.shape[2])))
-
-
-ATTACKERS = {
-    "prior(subtask pos)": att_prior,
-    "heuristic-select": att_heur,
-    "text-LR(hash)": att_text,
-    "GBM(hand feats)": att_gbm,
-    "GBM+cf-flag": lambda tr, te: att_gbm(tr, te, use_src=True, use_cf=True),
-    "atlas-rules(fixed)": att_atlas,
-    "distractor-structure(fixed)": att_struct,
-    "stacker": att_stack,
-}
-only = os.environ.get("ONLY")
-if only:
-    ATTACKERS = {k: v for k, v in ATTACKERS.items() if k in only.split(",")}
-
 # ---------------------------------------------------------------- cross-fitting
-fams = np.array(sorted(d.fam.unique()))
-CORR = {a: np.zeros((N_REPEATS, NQ)) for a in ATTACKERS}
-for rep in range(N_REPEATS):
-    rng = np.random.default_rng(100 + rep)
-    perm = rng.permutation(len(fams))
-    fold = {f: k % NFOLD for k, f in zip(range(len(fams)), fams[perm])}
-    qf = d.fam.map(fold).values
-    for k in range(NFOLD):
-        tr, te = np.where(qf != k)[0], np.where(qf == k)[0]
-        for a, fn in ATTACKERS.items():
-            P = fn(tr, te)
-            # ties -> expected accuracy (split credit)
-            mx = P.max(1, keepdims=True)
-            win = np.isclose(P, mx, rtol=0, atol=1e-12)
-            CORR[a][rep, te] = win[np.arange(len(te)), d.y.values[te]] / win.sum(1)
-    print("rep", rep, "done %.0fs" % (time.time() - T0), file=sys.stderr)
+def crossfit(A, attackers, n_repeats, log=lambda *a: None):
+    """repeats x questions expected correctness per attacker (ties split), 5 folds of families per repeat; and the
+    seconds each attacker took (the stacker's without the outer fits it shares)."""
+    t0 = time.time()
+    fams = np.array(sorted(A.d.fam.unique()))
+    CORR = {a: np.zeros((n_repeats, A.nq)) for a in attackers}
+    secs = dict.fromkeys(attackers, 0.0)
+    for rep in range(n_repeats):
+        rng = np.random.default_rng(100 + rep)
+        perm = rng.permutation(len(fams))
+        fold = {f: k % NFOLD for k, f in zip(range(len(fams)), fams[perm])}
+        qf = A.d.fam.map(fold).values
+        for k in range(NFOLD):
+            tr, te = np.where(qf != k)[0], np.where(qf == k)[0]
+            A.memo.clear()
+            for a, fn in attackers.items():
+                t = time.time()
+                P = fn(tr, te)
+                secs[a] += time.time() - t
+                # ties -> expected accuracy (split credit)
+                mx = P.max(1, keepdims=True)
+                win = np.isclose(P, mx, rtol=0, atol=1e-12)
+                CORR[a][rep, te] = win[np.arange(len(te)), A.y[te]] / win.sum(1)
+        log("rep", rep, "done %.0fs" % (time.time() - t0))
+    A.memo.clear()
+    return CORR, secs
+
 
 # ---------------------------------------------------------------- evaluation
-fam_codes, fam_idx = np.unique(d.fam.values, return_inverse=True)
-NF = len(fam_codes)
-B = 2000
-W = np.random.default_rng(7).multinomial(NF, np.ones(NF) / NF, size=B).astype(float)  # B x NF family weights
+def evaluate(d, CORR, n_repeats):
+    "(the printed tables, the summary) of the cross-fitted correctness"
+    NQ = len(d)
+    fam_codes, fam_idx = np.unique(d.fam.values, return_inverse=True)
+    NF = len(fam_codes)
+    W = np.random.default_rng(7).multinomial(NF, np.ones(NF) / NF, size=B).astype(float)  # B x NF family weights
+
+    def acc_ci(c, mask):
+        c = c[mask]
+        fi = fam_idx[mask]
+        s = np.bincount(fi, weights=c, minlength=NF)
+        n = np.bincount(fi, minlength=NF).astype(float)
+        bs = (W @ s) / np.maximum(W @ n, 1e-9)
+        return c.mean(), np.percentile(bs, 2.5), np.percentile(bs, 97.5), int(mask.sum())
+
+    def ci(m_, lo, hi, n):
+        return {"acc": float(m_), "lo": float(lo), "hi": float(hi), "n": int(n)}
+
+    orig = d.pair_of.isna().values
+    real = ~d.src.str.startswith("phantom").values
+    qid_idx = {q: i for i, q in enumerate(d.qid)}
+    pairs = [(qid_idx[r.pair_of], i) for i, r in enumerate(d.itertuples()) if r.pair_of in qid_idx
+             and d.answer_text[qid_idx[r.pair_of]] != r.answer_text]
+    pairs = np.array(pairs, int).reshape(-1, 2)
+
+    res = []
+    summary = {"n_questions": NQ, "n_orig": int(orig.sum()), "n_real": int(real.sum()), "n_families": NF,
+               "n_flip_pairs": len(pairs), "n_repeats": n_repeats, "folds": NFOLD,
+               "bootstrap": B, "attackers": {}}
+    for a in CORR:
+        c = CORR[a].mean(0)  # expected correctness averaged over repeats
+        row = {"attacker": a}
+        sa = summary["attackers"][a] = {}
+        for name, mask in [("all", np.ones(NQ, bool)), ("orig", orig), ("real", real)]:
+            m_, lo, hi, n = acc_ci(c, mask)
+            row[name] = "%.1f [%.1f,%.1f]" % (100 * m_, 100 * lo, 100 * hi)
+            row[name + "_lo"] = lo
+            sa[name] = ci(m_, lo, hi, n)
+        sa["tasks"] = {}
+        for t in TASK_TABLE:
+            m_, lo, hi, n = acc_ci(c, d.task.values == t)
+            row[t] = "%.0f [%.0f,%.0f]" % (100 * m_, 100 * lo, 100 * hi)
+            sa["tasks"][t] = ci(m_, lo, hi, n)
+        # flip-pair: both right, per repeat then averaged
+        both = (CORR[a][:, pairs[:, 0]] * CORR[a][:, pairs[:, 1]]).mean(0)
+        pf = fam_idx[pairs[:, 0]]
+        s = np.bincount(pf, weights=both, minlength=NF)
+        n = np.bincount(pf, minlength=NF).astype(float)
+        bs = (W @ s) / np.maximum(W @ n, 1e-9)
+        lo, hi = np.percentile(bs, 2.5), np.percentile(bs, 97.5)
+        m_ = both.mean() if len(both) else float("nan")
+        row["flip_both"] = "%.1f [%.1f,%.1f]" % (100 * m_, 100 * lo, 100 * hi)
+        sa["flip_both"] = ci(m_, lo, hi, len(both))
+        res.append(row)
+
+    buf = io.StringIO()
+    R = pd.DataFrame(res)
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print("N all=%d orig=%d real=%d flip pairs=%d" % (NQ, orig.sum(), real.sum(), len(pairs)), file=buf)
+        print(R[["attacker", "all", "orig", "real", "flip_both"]].to_string(index=False), file=buf)
+        print(file=buf)
+        print(R[["attacker"] + TASK_TABLE].to_string(index=False), file=buf)
+
+        # per-subtask breakdown
+        sub = {}
+        for a in CORR:
+            c = CORR[a].mean(0)
+            sub[a] = d.assign(c=c).groupby("subtask").c.mean() * 100
+        S = pd.DataFrame(sub).round(0)
+        S.insert(0, "n", d.groupby("subtask").size())
+        S.insert(1, "n_real", d[real].groupby("subtask").size())
+        print(file=buf)
+        print(S.to_string(), file=buf)
+        # per-subtask on real only
+        sub = {}
+        for a in CORR:
+            c = CORR[a].mean(0)
+            sub[a] = d[real].assign(c=c[real]).groupby("subtask").c.mean() * 100
+        print("\nreal only per subtask", file=buf)
+        print(pd.DataFrame(sub).round(0).to_string(), file=buf)
+    return buf.getvalue(), summary
 
 
-def acc_ci(c, mask):
-    c = c[mask]
-    fi = fam_idx[mask]
-    s = np.bincount(fi, weights=c, minlength=NF)
-    n = np.bincount(fi, minlength=NF).astype(float)
-    bs = (W @ s) / np.maximum(W @ n, 1e-9)
-    return c.mean(), np.percentile(bs, 2.5), np.percentile(bs, 97.5), int(mask.sum())
+def main(src="data/benchmark/validated.jsonl", out="/tmp/outside_attack_2", n_repeats=3, only=None, verbose=True):
+    """Run the attack on the validated benchmark `src`, write corr.npz, qmeta.csv, table.txt and summary.json to `out`
+    (created) and return the summary. `only`: attacker names to keep (all eight by default). verbose: print the
+    tables to stdout and progress and timings to stderr."""
+    t0 = time.time()
+    log = (lambda *a: print(*a, file=sys.stderr)) if verbose else (lambda *a: None)
+    os.makedirs(out, exist_ok=True)
+    d = load(src)
+    log("MC questions", len(d), "families", d.fam.nunique())
+    A = Attack(d, log)
+    attackers = A.attackers()
+    if only:
+        attackers = {k: v for k, v in attackers.items() if k in only}
+    log("features %.1fs" % (time.time() - t0))
+    # One thread for OpenMP (HistGradientBoosting) and BLAS: the same bits as with 2 (checked for OpenMP; the text LR
+    # differs in the last bits with 2 BLAS threads, so this also keeps the numbers of OPENBLAS_NUM_THREADS=1, which the
+    # Makefile sets), and many times faster on a busy 2-core machine, where 2 OpenMP threads wait on each other.
+    with threadpool_limits(limits=1):
+        CORR, secs = crossfit(A, attackers, n_repeats, log)
+    log("seconds per attacker: " + ", ".join("%s %.1f" % kv for kv in secs.items()))
+    table, summary = evaluate(d, CORR, n_repeats)
+    log("flip pairs", summary["n_flip_pairs"])
+    if verbose:
+        sys.stdout.write(table)
+    with open(os.path.join(out, "table.txt"), "w") as fh:
+        fh.write(table)
+    with open(os.path.join(out, "summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+        fh.write("\n")
+    np.savez(os.path.join(out, "corr.npz"), **{k: v for k, v in CORR.items()})
+    d[["qid", "subtask", "src", "cf"]].to_csv(os.path.join(out, "qmeta.csv"), index=False)
+    log("elapsed %.0fs" % (time.time() - t0))
+    return summary
 
 
-orig = d.pair_of.isna().values
-real = ~d.src.str.startswith("phantom").values
-qid_idx = {q: i for i, q in enumerate(d.qid)}
-pairs = [(qid_idx[r.pair_of], i) for i, r in enumerate(d.itertuples()) if r.pair_of in qid_idx
-         and d.answer_text[qid_idx[r.pair_of]] != r.answer_text]
-pairs = np.array(pairs)
-print("flip pairs", len(pairs), file=sys.stderr)
-
-res = []
-for a in ATTACKERS:
-    c = CORR[a].mean(0)  # expected correctness averaged over repeats
-    row = {"attacker": a}
-    for name, mask in [("all", np.ones(NQ, bool)), ("orig", orig), ("real", real)]:
-        m_, lo, hi, n = acc_ci(c, mask)
-        row[name] = "%.1f [%.1f,%.1f]" % (100 * m_, 100 * lo, 100 * hi)
-        row[name + "_lo"] = lo
-    for t in ["DIR", "DIST", "EXT", "VOL", "COMP"]:
-        m_, lo, hi, n = acc_ci(c, d.task.values == t)
-        row[t] = "%.0f [%.0f,%.0f]" % (100 * m_, 100 * lo, 100 * hi)
-    # flip-pair: both right, per repeat then averaged
-    both = (CORR[a][:, pairs[:, 0]] * CORR[a][:, pairs[:, 1]]).mean(0)
-    pf = fam_idx[pairs[:, 0]]
-    s = np.bincount(pf, weights=both, minlength=NF)
-    n = np.bincount(pf, minlength=NF).astype(float)
-    bs = (W @ s) / np.maximum(W @ n, 1e-9)
-    row["flip_both"] = "%.1f [%.1f,%.1f]" % (100 * both.mean(), 100 * np.percentile(bs, 2.5), 100 * np.percentile(bs, 97.5))
-    res.append(row)
-R = pd.DataFrame(res)
-pd.set_option("display.width", 250)
-pd.set_option("display.max_columns", 30)
-print("N all=%d orig=%d real=%d flip pairs=%d" % (NQ, orig.sum(), real.sum(), len(pairs)))
-print(R[["attacker", "all", "orig", "real", "flip_both"]].to_string(index=False))
-print()
-print(R[["attacker", "DIR", "DIST", "EXT", "VOL", "COMP"]].to_string(index=False))
-
-# per-subtask breakdown
-sub = {}
-for a in ATTACKERS:
-    c = CORR[a].mean(0)
-    sub[a] = d.assign(c=c).groupby("subtask").c.mean() * 100
-S = pd.DataFrame(sub).round(0)
-S.insert(0, "n", d.groupby("subtask").size())
-S.insert(1, "n_real", d[real].groupby("subtask").size())
-print()
-print(S.to_string())
-# per-subtask on real only
-sub = {}
-for a in ATTACKERS:
-    c = CORR[a].mean(0)
-    sub[a] = d[real].assign(c=c[real]).groupby("subtask").c.mean() * 100
-print("\nreal only per subtask")
-print(pd.DataFrame(sub).round(0).to_string())
-np.savez(os.path.join(OUT, "corr.npz"), **{k: v for k, v in CORR.items()})
-d[["qid", "subtask", "src", "cf"]].to_csv(os.path.join(OUT, "qmeta.csv"), index=False)
-print("elapsed %.0fs" % (time.time() - T0), file=sys.stderr)
+if __name__ == "__main__":
+    _only = os.environ.get("ONLY")
+    main(sys.argv[1] if len(sys.argv) > 1 else "data/benchmark/validated.jsonl",
+         sys.argv[2] if len(sys.argv) > 2 else "/tmp/outside_attack_2",
+         n_repeats=int(os.environ.get("NREP", 3)), only=_only.split(",") if _only else None)
