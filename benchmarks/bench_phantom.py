@@ -112,7 +112,7 @@ def question_atlas(old, n: int, seed: int, tumour_rate: float, rates, max_lesion
     import numpy as np
     from spatialvqa.validate import answerers as VA
     from spatialvqa.measure import measure_manifests
-    from spatialvqa.questions import generate_questions
+    from spatialvqa.questions.generate import generate_questions
     res = {}
     for which, mod in (("before", old), ("after", new)):
         d = Path(tempfile.mkdtemp()) / which

@@ -7,9 +7,9 @@
 Every size runs the same library calls as the DVC stages, each timed, with the settings of params.yaml:
 `convert.convert_datasets` (the `datasets` list), `counterfactual.make_counterfactuals` (section counterfactual,
 generate.min_voxels), `measure.measure_manifests` (scans and copies; measure.components), the generate stage
-(`questions.generate_questions` with the per-scan and per-source budgets, the counterfactual focus and flip shares,
+(`questions.generate.generate_questions` with the per-scan and per-source budgets, the counterfactual focus and flip shares,
 `counterfactual.pair_questions`, and with generate.verify every answer re-derived from the label maps with
-`questions.check_record`, as nbs/stages/generate.ipynb does) and `validate.pipeline.validate` (every setting of section
+`questions.check.check_record`, as nbs/stages/generate.ipynb does) and `validate.pipeline.validate` (every setting of section
 validate as nbs/stages/validate.ipynb passes it, the audit included; an LLM answerer, which needs a server, is left
 out and said so). Convert, counterfactual and measure use `--workers` local processes (default executor.workers;
 `spatialvqa.core.parallel_map`); generate and validate run in this process, as in their stages.
@@ -237,7 +237,8 @@ def stage_generate(ctx: dict) -> None:
     "The generate stage's calls (nbs/stages/generate.ipynb): originals, their twins, and with `verify` the re-derivation."
     from spatialvqa.core import flag
     from spatialvqa.counterfactual import flip_predicates, pair_focus, pair_questions, split_copies
-    from spatialvqa.questions import check_record, generate_questions, parse_budget, parse_per_source, structures_of
+    from spatialvqa.questions.check import check_record, structures_of
+    from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
     from spatialvqa.scan import read_scan
     gen, table_all, scan_all = ctx["params"]["generate"], ctx["table"], ctx["scan_table"]
     t0 = time.perf_counter()
@@ -430,7 +431,7 @@ def format_dask(rows: Sequence[Mapping]) -> str:
 def warm_imports() -> None:
     "Import what the stages import lazily, so that the first cohort does not pay for it."
     import scipy.optimize, sklearn.feature_extraction, sklearn.linear_model  # noqa: F401
-    import spatialvqa.convert, spatialvqa.counterfactual, spatialvqa.measure, spatialvqa.questions  # noqa: F401
+    import spatialvqa.convert, spatialvqa.counterfactual, spatialvqa.measure, spatialvqa.questions.generate  # noqa: F401
     import spatialvqa.scan, spatialvqa.validate.pipeline  # noqa: F401
 
 

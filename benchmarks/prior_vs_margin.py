@@ -5,10 +5,10 @@ For every OpenKBP original scan (116 patients) and every quantity a numeric mult
 volumes, extents along each axis, distances between the centres the DIST questions use), this prints:
 
 - `between`: the quantity's spread between patients, the standard deviation of its logarithm;
-- `step`: the log of the smallest ratio between neighbouring options, `spatialvqa.questions.ladder_ratios` on the
+- `step`: the log of the smallest ratio between neighbouring options, `spatialvqa.questions.distractors.ladder_ratios` on the
   median patient (the larger of the two sides), with params.yaml's inter-reader margins and the grid's tolerances;
 - `blind`: the accuracy of an answerer that sees no image and picks the option nearest the median patient, on
-  evenly spaced ladders (`spatialvqa.questions._ladder`) built for every patient with the key at each of the four
+  evenly spaced ladders (`spatialvqa.questions.distractors._ladder`) built for every patient with the key at each of the four
   positions in turn (chance 0.25).
 
 When `between` is smaller than `step`, every option but one lies farther from the median patient than the key does
@@ -37,8 +37,13 @@ import pandas as pd
 import yaml
 
 from spatialvqa.anatomy import counterpart
-from spatialvqa.questions import (Margins, _clear, _dist_tol, _ladder, _vol_tol, box_distance, contexts_from_tables,
-                                  ladder_ratios, pair_stem, phys_extent, shown, tol_extent)
+from spatialvqa.questions.core import Margins, pair_stem, shown, tol_extent
+from spatialvqa.questions.readings import box_distance, phys_extent
+from spatialvqa.questions.distractors import _clear, _ladder, ladder_ratios
+from spatialvqa.questions.distance import _dist_tol
+from spatialvqa.questions.volume import _vol_tol
+from spatialvqa.questions.registry import EVALUATORS
+from spatialvqa.questions.generate import contexts_from_tables
 
 NAMES = ("brainstem", "parotid_gland_left", "parotid_gland_right", "larynx", "mandible")
 
@@ -85,13 +90,13 @@ def main(argv=None):
         if len(vals) < 20 or (vals <= 0).any(): continue
         med = float(np.median(vals))
         c0, v0, tol0, sub0, spec0 = min(items, key=lambda x: abs(x[1] - med))
-        down, up = ladder_ratios(shown(v0, "mm" if sub0 != "VOL.value" else "mL"), tol0, _clear(c0, sub0, spec0))
+        down, up = ladder_ratios(shown(v0, "mm" if sub0 != "VOL.value" else "mL"), tol0, _clear(c0, sub0, spec0, EVALUATORS[sub0]))
         step = max(r for r in (down, up) if r is not None) if (down or up) else math.nan
         rng, right, asked = np.random.default_rng(0), 0, 0
         for c, v, tol, sub, spec in items:
             unit = "mL" if sub == "VOL.value" else "mm"
             for k in range(4):
-                lad = _ladder(v, k, tol, unit, rng, None, _clear(c, sub, spec))
+                lad = _ladder(v, k, tol, unit, rng, None, _clear(c, sub, spec, EVALUATORS[sub]))
                 if lad is None: continue
                 asked += 1
                 right += int(np.argmin([abs(math.log(x / med)) for x in lad]) == k)

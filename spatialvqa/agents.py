@@ -21,7 +21,9 @@ from .core import get_logger
 from .llm import JSONRepairError, make_llm, parse_json
 from .parse import parse_answer
 from .prompt import build_prompt
-from .questions import LETTERS, MIN_RATIO, TASKS, TEMPLATES, fmt_number, rederive
+from .questions.core import LETTERS, MIN_RATIO, TASKS, fmt_number
+from .questions.registry import TEMPLATES
+from .questions.check import rederive
 from .retrieval import Retriever, passage, queries_for, report_passages, retrieve
 from .validate.answerers import is_right
 from .validate.pipeline import filter_report
@@ -128,7 +130,7 @@ class Proposal:
 
 def check_proposal(record: Mapping, proposal, volumes: Mapping, passages: Sequence[str] = ()) -> Proposal:
     """Re-derive or reject the annotator's `proposal` (parsed JSON, or the parse error) for `record`; `volumes`: per scan
-    id the measured structures by name (or label map and affine), as `questions.rederive` takes them."""
+    id the measured structures by name (or label map and affine), as `questions.check.rederive` takes them."""
     q = record["qid"]
     bad = lambda why: Proposal(q, False, why, passages=list(passages))
     if isinstance(proposal, Exception): return bad(f"no JSON: {proposal}")

@@ -21,9 +21,13 @@ from scipy import ndimage
 from .anatomy import ANATOMY, NAME_TO_ID, TUMOURS, counterpart, label_name, reference_range, side
 from .core import PNG_METADATA, get_logger, parallel_map, read_json, stable_hash, write_json
 from .measure import Structure, measure_labels
-from .questions import (
-    AskPolicy, LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, ScanContext, contexts_from_tables, evaluate, fmt_number, host_of,
-    measured_structure, measurement, patient_of, structure_from_row, structure_weight, vol_larger)
+from .questions.core import (LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, fmt_number, host_of, structure_from_row,
+                                       vol_larger)
+from .questions.choose import ScanContext, structure_weight
+from .questions.volest import patient_of
+from .questions.registry import evaluate
+from .questions.policy import AskPolicy
+from .questions.generate import contexts_from_tables, measured_structure, measurement
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
@@ -383,7 +387,7 @@ def counterfactual_record(record: Mapping, context: ScanContext, kind: str, sour
                           image: str | None = None, labels: str | None = None,
                           unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None,
                           original: Mapping[str, Structure] | None = None) -> tuple[dict | None, str | None]:
-    """`record` asked on a copy whose measured structures are in `context` (a `spatialvqa.questions.ScanContext`):
+    """`record` asked on a copy whose measured structures are in `context` (a `spatialvqa.questions.choose.ScanContext`):
     `(counterfactual record, None)`, or `(None, why it cannot be paired)`. `original`: the original scan's structures;
     a question about structures the copy leaves exactly as they were is not paired (its twin would only repeat it)."""
     named = _named(record)
@@ -620,7 +624,7 @@ def pair_focus(copy_scans: pd.DataFrame, structures: pd.DataFrame, midline_mm: f
     originals' structures table), the structures its questions should involve so that their twins can flip: the
     resize copy's target, and for a mirror copy the unpaired structures (no side, no counterpart) whose centroid lies
     more than `midline_mm` off the mirror plane. The target is listed as often as those, so that it takes half of
-    the focused draws (`spatialvqa.questions.generate_questions`)."""
+    the focused draws (`spatialvqa.questions.generate.generate_questions`)."""
     targets, lateral = defaultdict(list), defaultdict(list)
     for _, s in copy_scans.iterrows():
         orig, kind = str(_col(s, "original")), _col(s, "counterfactual")

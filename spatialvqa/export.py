@@ -27,7 +27,9 @@ import pyarrow.parquet as pq
 from .core import atomic_write, check_output, dumps, get_logger, read_json, read_records, resolve_path, write_jsonl
 from . import parse, prompt, stats
 from .prompt import build_prompt
-from .questions import LETTERS, RECORD_FIELDS, TASKS, fmt_number, markdown_table
+from .questions.core import LETTERS, TASKS, fmt_number
+from .questions.generate import RECORD_FIELDS
+from .questions.tables import markdown_table
 from .scoring import outcome
 from .results import in_scope
 

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from .core import OKABE_ITO, PNG_METADATA, SERIES, plot_grouped_ci, plot_length_distributions
-from .questions import NO_TUMOUR, TASKS, composition_long
+from .questions.core import TASKS
+from .questions.tables import NO_TUMOUR, composition_long
 from .scoring import ERROR_TYPES, SCORE_STATUSES, failure_type_table
 from .stats import word_counts
 from .results import DEFAULT_MODEL_INFO, PAIR_COLUMNS, TABLE2_TASKS, in_scope

@@ -21,8 +21,12 @@ from .anatomy import NAME_TO_ID, counterpart, readable, side
 from .core import parallel_map, series_colours
 from .inflate import gunzip_bytes
 from .measure import measure_labels, structures_table
-from .questions import (LETTERS, MARGIN_QUANTITIES, AskPolicy, MIN_VOLEST_RATIO, STRUCTURE_CLASSES, TASKS, Margins,
-                        box_distance, evaluate, generate_questions, pair_stem, structure_class, structure_from_row)
+from .questions.core import (LETTERS, MARGIN_QUANTITIES, MIN_VOLEST_RATIO, STRUCTURE_CLASSES, TASKS, Margins,
+                                       pair_stem, structure_class, structure_from_row)
+from .questions.readings import box_distance
+from .questions.registry import evaluate
+from .questions.policy import AskPolicy
+from .questions.generate import generate_questions
 from .scan import ScanError, Volume, _check_geometry, _nrrd_ras_sign, read_volume
 from .stats import mra
 

@@ -27,7 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 from .core import (OutputError, append_jsonl, check_no_secrets, check_output, get_logger, mask_secrets, progress,
                              read_jsonl, read_records, resolve_path, stable_hash, thread_map, write_jsonl)
 from .prompt import build_prompt
-from .questions import LETTERS, with_rotations
+from .questions.core import LETTERS
+from .questions.tables import with_rotations
 
 log = get_logger(__name__)
 
@@ -123,7 +124,7 @@ def hashed_config(adapter: Adapter) -> dict:
 RANDOM_RANGES = {"mL": (1.0, 3000.0), "mm": (5.0, 400.0), "ratio": (0.05, 20.0), None: (0.1, 1000.0)}
 
 def _fmt(value: float | None, unit: str | None) -> str:
-    from spatialvqa.questions import fmt_number
+    from spatialvqa.questions.core import fmt_number
     return "" if value is None or not math.isfinite(float(value)) else fmt_number(float(value), unit)
 
 @register("random")
@@ -279,7 +280,7 @@ class OracleAdapter(BaseAdapter):
         if self.config["root"] and not p.is_absolute(): p = Path(self.config["root"]) / p
         key = str(p)
         if key not in self._scans:
-            from spatialvqa.questions import structures_of
+            from spatialvqa.questions.check import structures_of
             from spatialvqa.scan import read_labels
             lab = read_labels(p)
             self._scans[key] = structures_of(lab.array, lab.affine)
@@ -288,7 +289,7 @@ class OracleAdapter(BaseAdapter):
         return self._scans[key]
 
     def answer(self, inp: ModelInput) -> str:
-        from spatialvqa.questions import rederive
+        from spatialvqa.questions.check import rederive
         r = inp.record
         ids, maps = r.get("scan_ids") or [r.get("scan_id")], r.get("label_maps") or []
         if len(maps) != len(ids): raise PredictionError(f"oracle: {r['qid']} names {len(ids)} scans but {len(maps)} label maps")

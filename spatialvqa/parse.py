@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 
-from .questions import LETTERS
+from .questions.core import LETTERS
 
 # %% auto #0
 __all__ = ['STATUSES', 'REFUSAL_PATTERNS', 'UNITS', 'UNIT_ALIASES', 'CLAIM_KINDS', 'Parse', 'is_refusal', 'options_map',

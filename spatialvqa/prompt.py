@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .questions import LETTERS
+from .questions.core import LETTERS
 
 # %% auto #0
 __all__ = ['PROMPT_STYLES', 'FREE_TEXT_GENERATION', 'COT_INSTRUCTION', 'build_prompt']

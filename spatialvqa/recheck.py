@@ -18,7 +18,7 @@ import pandas as pd
 import functools
 from .core import map_shares
 from .measure import Structure
-from .questions import evaluate
+from .questions.registry import evaluate
 
 # %% auto #0
 __all__ = ['label_voxels', 'sitk_points', 'structures_from_points', 'recheck']
@@ -96,7 +96,7 @@ def _recheck_rows(records: Sequence[Mapping], root: str | os.PathLike, rel_tol: 
     return rows
 
 def recheck(records: Sequence[Mapping], root: str | os.PathLike = ".", rel_tol: float = 1e-6, workers: int = 1) -> pd.DataFrame:
-    """Every record's answer derived again (`questions.evaluate`) from its label maps (paths relative to `root`) as
+    """Every record's answer derived again (`questions.registry.evaluate`) from its label maps (paths relative to `root`) as
     SimpleITK measures them (`sitk_points`): one row per record with `qid`, `task`, `key` and `recomputed` (letter,
     or number for numeric questions), `agree` (the same letter; numbers within `rel_tol`), `reader`. `workers`:
     processes, each given whole scans (the records that read the same label maps), the rows in the records' order."""

@@ -17,7 +17,8 @@ import pandas as pd
 
 from .core import atomic_write, read_jsonl, read_records, write_csv
 from .stats import bootstrap_means, bootstrap_ci, icc, min_detectable_difference, percentile_interval, _cluster_codes
-from .questions import LETTERS, rotations
+from .questions.core import LETTERS
+from .questions.tables import rotations
 from .counterfactual import scan_family
 from .scoring import (ERROR_TYPES, SCORE_STATUSES, SHEET_COLUMNS, accuracy_table, blind_gap, circular_eval,
                                 compare_models, failure_sheet, outcome, position_bias, score_predictions, toy_records)

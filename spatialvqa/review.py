@@ -20,7 +20,7 @@ import pandas as pd
 
 from .core import atomic_write
 from .core import dumps
-from .questions import LETTERS
+from .questions.core import LETTERS
 from .stats import cohen_kappa, fleiss_kappa
 
 # %% auto #0

@@ -16,7 +16,8 @@ import pandas as pd
 
 from .core import get_logger, write_csv
 from .stats import bootstrap_ci, mra, paired_bootstrap_diff, pairwise_tests
-from .questions import LETTERS, base_qid
+from .questions.core import LETTERS
+from .questions.tables import base_qid
 from .parse import STATUSES, parse_answer
 
 # %% auto #0
@@ -300,7 +301,7 @@ def failure_type_table(sheet: pd.DataFrame) -> pd.DataFrame:
 
 # %% ../nbs/43_scoring.ipynb #8b505df0
 from .parse import extract_claims
-from .questions import DIRECTIONS
+from .questions.core import DIRECTIONS
 
 DIRECTION_MARGIN_MM = 5.0
 CLAIM_REL_TOL = 0.25

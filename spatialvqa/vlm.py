@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .core import get_logger, stable_hash
-from .questions import LETTERS
+from .questions.core import LETTERS
 from .models import BaseAdapter, ModelInput, PredictionError, register
 from .prompt import build_prompt
 from .views import preset
@@ -712,7 +712,7 @@ class Probe(BaseAdapter):
                 for r in test_: self._preds[r["qid"]] = head.answer(xs[r["qid"]], r)
 
     def answer(self, inp: ModelInput) -> str:
-        from spatialvqa.questions import fmt_number
+        from spatialvqa.questions.core import fmt_number
         r = inp.record
         if self._preds is None: raise RuntimeError("probe: call prepare(records) with the benchmark first (the runner does)")
         p = self._preds.get(r["qid"])

@@ -82,7 +82,7 @@ def phantom_benchmark(tmp_path_factory):
     questions per scan: `dict(recs, table, scans, dir)` (`dir`: the cohort's folder)."""
     from spatialvqa.measure import measure_manifests
     from spatialvqa.phantom import make_cohort
-    from spatialvqa.questions import generate_questions
+    from spatialvqa.questions.generate import generate_questions
     d = tmp_path_factory.mktemp("phantom_benchmark")
     make_cohort(d, 4, seed=0, tumour_rate=0.5, workers=1)
     table, scans, rejected = measure_manifests([d / "cohort.json"], workers=1)
@@ -97,7 +97,7 @@ def two_phantoms(tmp_path_factory):
     from spatialvqa.core import write_jsonl
     from spatialvqa.measure import measure_manifests
     from spatialvqa.phantom import make_cohort
-    from spatialvqa.questions import generate_questions
+    from spatialvqa.questions.generate import generate_questions
     d = tmp_path_factory.mktemp("two_phantoms")
     make_cohort(d, 2, seed=0, tumour_rate=0.5, workers=1)
     table, scans, rejected = measure_manifests([d / "cohort.json"], workers=1)

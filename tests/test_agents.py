@@ -15,7 +15,7 @@ from spatialvqa import agents as A
 from spatialvqa.core import read_jsonl, shared_data
 from spatialvqa.llm import FakeOpenAIServer, make_llm
 from spatialvqa.measure import Structure
-from spatialvqa.questions import rederive
+from spatialvqa.questions.check import rederive
 from spatialvqa.retrieval import Retriever, report_passages, retrieve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,7 +208,7 @@ def test_agents_live_gemma_10_questions(tmp_path):
     for p in (qpath, ROOT / "results" / "measure" / "structures.parquet"):
         assert p.exists(), f"{p} is missing: run `dvc repro -s validate` (or `dvc checkout`) first"
     import pandas as pd
-    from spatialvqa.questions import contexts_from_tables
+    from spatialvqa.questions.generate import contexts_from_tables
     recs = A.sample_records(read_jsonl(qpath, strict=True), 10, seed=0)
     ctx = contexts_from_tables(pd.read_parquet(ROOT / "results/measure/structures.parquet"),
                                pd.read_parquet(ROOT / "results/measure/scans.parquet"))

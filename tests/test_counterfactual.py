@@ -17,7 +17,9 @@ from spatialvqa.anatomy import NAME_TO_ID, counterpart
 from spatialvqa.core import read_json, write_json
 from spatialvqa.measure import measure_labels, measure_manifests, scan_info, structures_table
 from spatialvqa.phantom import make_cohort, make_subject
-from spatialvqa.questions import LETTERS, evaluate, generate_questions, tol_volume
+from spatialvqa.questions.core import LETTERS, tol_volume
+from spatialvqa.questions.registry import evaluate
+from spatialvqa.questions.generate import generate_questions
 from spatialvqa.scan import Scan, Volume, read_labels, read_scan, read_volume, reorient, write_volume
 
 TS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real-ct" / "totalsegmentator"

@@ -20,7 +20,8 @@ from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
 from spatialvqa.prompt import build_prompt
-from spatialvqa.questions import LETTERS, generate_questions
+from spatialvqa.questions.core import LETTERS
+from spatialvqa.questions.generate import generate_questions
 from spatialvqa.validate.pipeline import validate
 
 

@@ -505,7 +505,7 @@ def phantom_bench(tmp_path_factory):
     scans by paths relative to itself."""
     from spatialvqa.measure import measure_manifests
     from spatialvqa.phantom import make_cohort
-    from spatialvqa.questions import generate_questions
+    from spatialvqa.questions.generate import generate_questions
     d = tmp_path_factory.mktemp("pb") / "b"
     make_cohort(d / "scans", n_subjects=2, seed=3, workers=0)
     table, scans, _ = measure_manifests([d / "scans" / "cohort.json"], workers=0)

@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spatialvqa import questions as Q
+from spatialvqa.questions.core import MARGIN_QUANTITIES, Margins, STRUCTURE_CLASSES, TASKS, TASK_QUANTITIES
+from spatialvqa.questions.registry import evaluate
+from spatialvqa.questions.check import check_record, structures_of
+from spatialvqa.questions.generate import generate_questions
 from spatialvqa.core import load_params, read_json, shared_data
 from spatialvqa.interreader import flip_study, flip_summary, measure_two_readers
 from spatialvqa.measure import measure_manifests
@@ -15,7 +18,7 @@ from spatialvqa.phantom import make_cohort
 from spatialvqa.scan import read_scan
 
 ROOT = Path(__file__).resolve().parents[1]
-MARGINS = Q.Margins.from_dict(load_params("generate", ROOT / "params.yaml")["margins"])
+MARGINS = Margins.from_dict(load_params("generate", ROOT / "params.yaml")["margins"])
 # the scans whose differences set the largest margins, and some with specks and glands only one reader contoured
 SCANS = ["0522c0331", "0522c0727a", "0522c0845", "0522c0419", "0522c0161", "0522c0629", "0522c0773", "TCGA-CV-7245"]
 
@@ -36,14 +39,14 @@ def test_today_flips_margins_do_not(two_readers):
     # questions or none (on these scans 441 of 464; VOL, whose volume margins are widest, 57 of 80)
     assert after.loc["all", "questions"] >= 0.9 * before.loc["all", "questions"], (before, after)
     assert (after.questions >= 0.65 * before.questions).all(), (before, after)
-    assert set(after.index) == {*Q.TASKS, "all"}
+    assert set(after.index) == {*TASKS, "all"}
 
 
 def test_params_margins_are_the_measured_ones():
     "generate.margins are what the interreader stage derived (results/interreader/margins.json), not more, not less."
-    measured = Q.Margins.from_dict({k: v for k, v in read_json(ROOT / "results" / "interreader" / "margins.json").items()})
-    for q in Q.MARGIN_QUANTITIES:   # every structure class, and the structures measured on their own (by name)
-        assert set(Q.STRUCTURE_CLASSES) <= set(getattr(MARGINS, q)), q
+    measured = Margins.from_dict({k: v for k, v in read_json(ROOT / "results" / "interreader" / "margins.json").items()})
+    for q in MARGIN_QUANTITIES:   # every structure class, and the structures measured on their own (by name)
+        assert set(STRUCTURE_CLASSES) <= set(getattr(MARGINS, q)), q
         assert set(getattr(MARGINS, q)) == set(getattr(measured, q)), q
         for key in getattr(measured, q):
             assert np.allclose(getattr(MARGINS, q)[key], getattr(measured, q)[key]), (q, key)
@@ -57,17 +60,17 @@ def test_margins_questions_rederive_from_label_maps(tmp_path):
     p = load_params("phantom", ROOT / "params.yaml")
     make_cohort(tmp_path, 3, seed=int(p["seed"]), tumour_rate=float(p["tumour_rate"]), workers=2)
     table, scans, _ = measure_manifests([tmp_path / "cohort.json"], workers=2)
-    # a phantom's keys are exact (questions.EXACT_SOURCES): the margins apply to every other source, so these scans stand
+    # a phantom's keys are exact (questions.generate.EXACT_SOURCES): the margins apply to every other source, so these scans stand
     # in for a dataset with a second reader's uncertainty
     scans = scans.assign(source="a_dataset")
-    recs = Q.generate_questions(table, seed=0, scans=scans, margins=load_params("generate", ROOT / "params.yaml")["margins"])
-    assert {r["task"] for r in recs} == set(Q.TASKS)
+    recs = generate_questions(table, seed=0, scans=scans, margins=load_params("generate", ROOT / "params.yaml")["margins"])
+    assert {r["task"] for r in recs} == set(TASKS)
     for r in recs:   # its task's quantities, and for a question about two structures' relation their paired spreads
-        q = set(Q.TASK_QUANTITIES[r["task"]])
+        q = set(TASK_QUANTITIES[r["task"]])
         assert q <= set(r["spec"]["margins"]) <= q | {f"pair_{x}" for x in q}, (r["qid"], r["spec"]["margins"].keys())
     volumes = {s.scan_id: (lambda v: (v.array, v.affine))(read_scan(s.labels, None, s.scan_id).labels) for s in scans.itertuples()}
-    assert [p for r in recs for p in Q.check_record(r, volumes)] == []
-    structs = {sid: Q.structures_of(*v) for sid, v in volumes.items()}
+    assert [p for r in recs for p in check_record(r, volumes)] == []
+    structs = {sid: structures_of(*v) for sid, v in volumes.items()}
     mc = [r for r in recs if r["format"] == "mc"]
-    robust = [Q.evaluate(r, [structs[s] for s in r["scan_ids"]], robust=True)["answer_letter"] for r in mc]
+    robust = [evaluate(r, [structs[s] for s in r["scan_ids"]], robust=True)["answer_letter"] for r in mc]
     assert robust == [r["answer_letter"] for r in mc]       # every key holds for every measurement within the margins

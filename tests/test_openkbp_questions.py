@@ -9,7 +9,8 @@ from spatialvqa.anatomy import TARGETS
 from spatialvqa.convert import convert_openkbp
 from spatialvqa.core import load_params, shared_data, write_json
 from spatialvqa.measure import measure_manifests
-from spatialvqa.questions import Margins, generate_questions, parse_budget, parse_per_source
+from spatialvqa.questions.core import Margins
+from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
 
 PATIENTS = ("pt_242", "pt_243", "pt_245", "pt_246", "pt_247", "pt_248")   # of test-pats, all holding PTVs
 

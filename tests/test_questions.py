@@ -13,7 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spatialvqa import questions as Q
+from spatialvqa.anatomy import ANATOMY, TUMOURS
+from spatialvqa.questions.core import (DIRECTIONS, DIR_RATIO, Geometry, LETTERS, MC_TASKS, MIN_RATIO, TASKS,
+                                       direction_margin, fmt_number)
+from spatialvqa.questions.readings import POINTS
+from spatialvqa.questions.volest import patient_of
+from spatialvqa.questions.registry import CLINICAL, SUBTASKS, TEMPLATES
+from spatialvqa.questions.policy import AskPolicy, UNSEEN
+from spatialvqa.questions.check import check_record, rederive, structures_of
+from spatialvqa.questions.generate import RECORD_FIELDS, generate_questions
+from spatialvqa.questions.tables import composition, letter_balance, markdown_table, to_frame
 from spatialvqa.figures import plot_composition
 from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
@@ -30,7 +39,7 @@ def cohort(cohorts):
     d = cohorts(min(N_SUBJECTS, int(p["n_subjects"])), seed=int(p["seed"]), tumour_rate=float(p["tumour_rate"]))
     table, scans, rejected = measure_manifests([d / "cohort.json"], workers=2)
     assert rejected == []
-    recs = Q.generate_questions(table, seed=0, scans=scans)
+    recs = generate_questions(table, seed=0, scans=scans)
     labels = {s.scan_id: read_scan(s.labels, None, s.scan_id).labels for s in scans.itertuples()}
     return dict(table=table, scans=scans, recs=recs, labels=labels, volumes={k: (v.array, v.affine) for k, v in labels.items()})
 
@@ -38,45 +47,45 @@ def cohort(cohorts):
 def test_every_task_and_tumours(cohort):
     recs = cohort["recs"]
     tasks = Counter(r["task"] for r in recs)
-    assert set(tasks) == set(Q.TASKS), tasks
-    assert all(tasks[t] >= 24 for t in Q.TASKS), tasks
+    assert set(tasks) == set(TASKS), tasks
+    assert all(tasks[t] >= 24 for t in TASKS), tasks
     # every subtask occurs but COMP.asymmetry, which needs a left/right volume ratio clear of equal: this cohort's kidneys
     # are too alike (8 of 9,876 questions in the pipeline), so it is shown on them with one kidney enlarged; and
     # VOLEST.cross_case, which pairs two scans of one patient (a follow-up) and this cohort has one scan per patient
-    assert {r["subtask"] for r in recs} >= set(Q.SUBTASKS) - {"COMP.asymmetry", "VOLEST.cross_case"}
-    assert all(len({Q.patient_of(s) for s in r["scan_ids"]}) == 1 for r in recs)    # never two patients in a question
+    assert {r["subtask"] for r in recs} >= set(SUBTASKS) - {"COMP.asymmetry", "VOLEST.cross_case"}
+    assert all(len({patient_of(s) for s in r["scan_ids"]}) == 1 for r in recs)    # never two patients in a question
     t = cohort["table"].copy()
     big = t.name == "kidney_left"
     t.loc[big, "volume_ml"] *= 1.8
-    asym = [r for r in Q.generate_questions(t, seed=0, scans=cohort["scans"], per_scan={"COMP": 12}, tasks=["COMP"])
+    asym = [r for r in generate_questions(t, seed=0, scans=cohort["scans"], per_scan={"COMP": 12}, tasks=["COMP"])
             if r["subtask"] == "COMP.asymmetry"]
     assert asym and all({"kidney_left", "kidney_right"} <= set(r["structures"]) for r in asym)
     tum = [r for r in recs if r["tumour_type"]]
     assert len(tum) >= 10
     for r in tum:                                                    # tumour questions name the tumour labels
-        assert r["tumour_type"] in r["structures"] and r["tumour_type"] in Q.TUMOURS
-        assert Q.TUMOURS[r["tumour_type"]].id in r["label_ids"]
+        assert r["tumour_type"] in r["structures"] and r["tumour_type"] in TUMOURS
+        assert TUMOURS[r["tumour_type"]].id in r["label_ids"]
         assert "tumour" in (r["question"] + " ".join(r["options"] or [])).lower()
     for r in recs:
-        assert set(Q.RECORD_FIELDS) <= set(r)
+        assert set(RECORD_FIELDS) <= set(r)
         assert r["scan_id"] == r["scan_ids"][0] and all(p for p in r["label_maps"])
         if r["format"] == "mc":
-            assert len(r["options"]) == 4 and r["answer"] == r["answer_letter"] in Q.LETTERS
+            assert len(r["options"]) == 4 and r["answer"] == r["answer_letter"] in LETTERS
             assert r["options"]["ABCD".index(r["answer_letter"])] == r["answer_text"]
         else:
             assert r["task"] == "VOLEST" and r["options"] is None and r["answer_value"] > 0
-            assert r["unit"] in ("mL", "ratio") and r["answer"] == Q.fmt_number(r["answer_value"], r["unit"])
+            assert r["unit"] in ("mL", "ratio") and r["answer"] == fmt_number(r["answer_value"], r["unit"])
 
 
 def test_every_answer_rederived_from_masks(cohort):
     "Each question answered again from its label maps (measured afresh) gives the recorded answer, with one defensible option."
     recs, volumes = cohort["recs"], cohort["volumes"]
-    measured = {sid: Q.structures_of(*v) for sid, v in volumes.items()}
-    problems = [p for r in recs for p in Q.check_record(r, measured)]
+    measured = {sid: structures_of(*v) for sid, v in volumes.items()}
+    problems = [p for r in recs for p in check_record(r, measured)]
     assert problems == []
     # the label maps themselves work too (measured inside rederive)
     r0 = recs[0]
-    assert Q.rederive(r0, {s: volumes[s] for s in r0["scan_ids"]})["answer_letter"] == r0["answer_letter"]
+    assert rederive(r0, {s: volumes[s] for s in r0["scan_ids"]})["answer_letter"] == r0["answer_letter"]
 
 
 class _Mask:
@@ -121,7 +130,7 @@ def test_numeric_answers_from_raw_voxels(cohort):
             want = float(np.linalg.norm(d if "axes" not in sp else d[sp["axes"]]))
         elif sub == "EXT.value": want = float(m.extent(lab(r, sp["a"]))[sp["axis"]])
         elif sub == "DIR.extreme":                                    # the correct option is the farthest along the axis
-            ax, sg = Q.DIRECTIONS[sp["direction"]]
+            ax, sg = DIRECTIONS[sp["direction"]]
             pos = [sg * m.centroid(lab(r, o))[ax] for o in sp["options"]]
             assert int(np.argmax(pos)) == "ABCD".index(r["answer_letter"]), r["qid"]
             continue
@@ -135,110 +144,110 @@ def test_numeric_answers_from_raw_voxels(cohort):
 
 
 def test_clinical_pairings(cohort):
-    """`AskPolicy(clinical=True)` asks only what `questions.CLINICAL` allows: no trivia subtask, every pairing by its
+    """`AskPolicy(clinical=True)` asks only what `questions.registry.CLINICAL` allows: no trivia subtask, every pairing by its
     rule, no bone, brainstem or larynx; every pairing (the default) asks the trivia too."""
-    recs = Q.generate_questions(cohort["table"], seed=0, scans=cohort["scans"], policy=Q.AskPolicy(clinical=True))
+    recs = generate_questions(cohort["table"], seed=0, scans=cohort["scans"], policy=AskPolicy(clinical=True))
     assert len(recs) >= 100 and {r["task"] for r in recs} >= {"DIR", "DIST", "EXT", "VOL", "VOLEST"}
-    assert all(Q.CLINICAL[r["subtask"]] is not None for r in recs)
-    lesion = lambda n: n in Q.ANATOMY and Q.ANATOMY[n].category == "lesion"
+    assert all(CLINICAL[r["subtask"]] is not None for r in recs)
+    lesion = lambda n: n in ANATOMY and ANATOMY[n].category == "lesion"
     for r in recs:
-        rule, names = Q.CLINICAL[r["subtask"]], set(r["structures"])
-        assert not any(Q.ANATOMY[n].category == "bone" or n in Q.UNSEEN for n in names), r["qid"]
+        rule, names = CLINICAL[r["subtask"]], set(r["structures"])
+        assert not any(ANATOMY[n].category == "bone" or n in UNSEEN for n in names), r["qid"]
         if rule == "lesion": assert any(lesion(n) for n in names), r["qid"]
         if rule == "ref_lesion": assert lesion(r["spec"]["ref"]), r["qid"]
         if rule == "kidney": assert names == {"kidney_left", "kidney_right"}, r["qid"]
-    trivia = [s for s, rule in Q.CLINICAL.items() if rule is None]
+    trivia = [s for s, rule in CLINICAL.items() if rule is None]
     assert {"DIR.extreme", "COMP.extreme", "VOL.difference"} <= set(trivia)
     assert any(r["subtask"] in trivia for r in cohort["recs"])             # every pairing asks them; the clinical rules never
 
 
 def test_letter_balance(cohort):
-    bal = Q.letter_balance(cohort["recs"])
-    assert list(bal.index) == list(Q.MC_TASKS)
+    bal = letter_balance(cohort["recs"])
+    assert list(bal.index) == list(MC_TASKS)
     for task, row in bal.iterrows():
-        for l in Q.LETTERS: assert abs(row[l] - 0.25) <= 0.03, (task, l, row[l])
-        counts = [round(row[l] * row["n"]) for l in Q.LETTERS]
+        for l in LETTERS: assert abs(row[l] - 0.25) <= 0.03, (task, l, row[l])
+        counts = [round(row[l] * row["n"]) for l in LETTERS]
         assert max(counts) - min(counts) <= 1, (task, counts)
 
 
 def test_no_two_defensible_options(cohort):
     "Options are apart by more than the tolerance; for directions, the offsets make every other option false."
     recs, volumes = cohort["recs"], cohort["volumes"]
-    measured = {sid: Q.structures_of(*v) for sid, v in volumes.items()}
+    measured = {sid: structures_of(*v) for sid, v in volumes.items()}
     for r in (r for r in recs if r["format"] == "mc"):
-        ev = Q.rederive(r, measured)
+        ev = rederive(r, measured)
         k = "ABCD".index(r["answer_letter"])
         assert ev["truth"] == [i == k for i in range(4)], r["qid"]
         assert len(set(r["options"])) == 4
         vals = r["option_values"]
         if vals:                                   # numbers: a factor MIN_RATIO apart; none but one within tolerance
-            for x, y in itertools.combinations(sorted(vals), 2): assert y / x >= Q.MIN_RATIO - 1e-9, (r["qid"], vals)
+            for x, y in itertools.combinations(sorted(vals), 2): assert y / x >= MIN_RATIO - 1e-9, (r["qid"], vals)
             near = [i for i, v in enumerate(vals) if abs(v - r["answer_value"]) <= r["tolerance"]]
             assert near == [k], (r["qid"], vals, r["answer_value"], r["tolerance"])
         if r["subtask"] == "DIR.relative":
             sp = r["spec"]
-            g = Q.Geometry(tuple(sp["spacing_mm"][0]))
-            for by in Q.POINTS:
+            g = Geometry(tuple(sp["spacing_mm"][0]))
+            for by in POINTS:
                 d = ev["derived"][by]["offset_mm"]
                 correct = sp["options"][k]
-                ax, sg = Q.DIRECTIONS[correct]
+                ax, sg = DIRECTIONS[correct]
                 others = sorted(abs(d[i]) for i in range(3) if i != ax)
-                assert sg * d[ax] >= Q.direction_margin(g) and abs(d[ax]) > Q.DIR_RATIO * others[-1], r["qid"]
+                assert sg * d[ax] >= direction_margin(g) and abs(d[ax]) > DIR_RATIO * others[-1], r["qid"]
                 for i, o in enumerate(sp["options"]):
                     if i == k: continue
-                    ax, sg = Q.DIRECTIONS[o]
+                    ax, sg = DIRECTIONS[o]
                     assert sg * d[ax] <= g.spacing[ax] / 2, (r["qid"], o, d)     # that direction does not hold
         if r["subtask"] == "DIR.relative_to":
-            g = Q.Geometry(tuple(r["spec"]["spacing_mm"][0]))
-            ax = Q.DIRECTIONS[r["spec"]["direction"]][0]
-            for by in Q.POINTS:
+            g = Geometry(tuple(r["spec"]["spacing_mm"][0]))
+            ax = DIRECTIONS[r["spec"]["direction"]][0]
+            for by in POINTS:
                 off = ev["derived"]["offset_mm"][by]
                 for i, o in enumerate(r["spec"]["options"]):
-                    assert (off[o] >= Q.direction_margin(g)) if i == k else (off[o] <= g.spacing[ax] / 2), (r["qid"], o)
+                    assert (off[o] >= direction_margin(g)) if i == k else (off[o] <= g.spacing[ax] / 2), (r["qid"], o)
 
 
 def test_deterministic_and_stable_ids(cohort):
     table, scans, recs = cohort["table"], cohort["scans"], cohort["recs"]
-    assert Q.generate_questions(table, seed=0, scans=scans) == recs
+    assert generate_questions(table, seed=0, scans=scans) == recs
     qids = [r["qid"] for r in recs]
     assert len(set(qids)) == len(qids)
-    other = Q.generate_questions(table, seed=1, scans=scans)
+    other = generate_questions(table, seed=1, scans=scans)
     assert [r["qid"] for r in other] != qids
     # a smaller cohort asks the same questions of the scans it keeps (before the cross-case ones, which need partners)
     keep = sorted(scans.scan_id)[:3]
-    sub = Q.generate_questions(table[table.scan_id.isin(keep)], seed=0, scans=scans[scans.scan_id.isin(keep)])
-    mc = lambda rs: {r["qid"] for r in rs if r["task"] in Q.MC_TASKS and r["scan_id"] in keep}
+    sub = generate_questions(table[table.scan_id.isin(keep)], seed=0, scans=scans[scans.scan_id.isin(keep)])
+    mc = lambda rs: {r["qid"] for r in rs if r["task"] in MC_TASKS and r["scan_id"] in keep}
     assert mc(sub) == mc(recs)
 
 
 def test_phrasings(cohort):
-    per_task = Counter(s.split(".")[0] for s, ts in Q.TEMPLATES.items() for _ in ts)
-    assert all(per_task[t] >= 5 for t in Q.TASKS), per_task
+    per_task = Counter(s.split(".")[0] for s, ts in TEMPLATES.items() for _ in ts)
+    assert all(per_task[t] >= 5 for t in TASKS), per_task
     used = Counter()
     for t in {r["template_id"] for r in cohort["recs"]}: used[t.split(".")[0]] += 1
-    assert all(used[t] >= 5 for t in Q.TASKS), used
+    assert all(used[t] >= 5 for t in TASKS), used
     for r in cohort["recs"]:
         assert "{" not in r["question"] and r["question"].endswith(("?", "."))
 
 
 def test_tables_and_plot(cohort, tmp_path):
     recs = cohort["recs"]
-    df = Q.to_frame(recs)
+    df = to_frame(recs)
     df.to_parquet(tmp_path / "q.parquet")
     back = pd.read_parquet(tmp_path / "q.parquet")
     assert back["qid"].tolist() == [r["qid"] for r in recs]
-    comp = Q.composition(recs)
+    comp = composition(recs)
     assert comp.iloc[-1]["organ"] == "all" and int(comp.iloc[-1]["total"]) == len(recs)
-    assert (comp.iloc[:-1][list(Q.TASKS)].sum() == pd.Series(Counter(r["task"] for r in recs))[list(Q.TASKS)]).all()
-    md = Q.markdown_table(comp)
+    assert (comp.iloc[:-1][list(TASKS)].sum() == pd.Series(Counter(r["task"] for r in recs))[list(TASKS)]).all()
+    md = markdown_table(comp)
     assert md.count("\n") == len(comp) + 2
     plot_composition(recs, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 10_000
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="unknown task"): Q.generate_questions(pd.DataFrame(), tasks=["DIR", "SIZE"])
-    with pytest.raises(ValueError, match="lacks column"): Q.generate_questions(pd.DataFrame({"scan_id": ["a"]}))
+    with pytest.raises(ValueError, match="unknown task"): generate_questions(pd.DataFrame(), tasks=["DIR", "SIZE"])
+    with pytest.raises(ValueError, match="lacks column"): generate_questions(pd.DataFrame({"scan_id": ["a"]}))
 
 
 SUMMARY = ROOT / "results" / "benchmark" / "summary.json"
@@ -248,7 +257,7 @@ BENCH = ROOT / "data" / "benchmark" / "questions.jsonl"
 def test_pipeline_benchmark_summary():
     "The committed summary of the benchmark the pipeline wrote: every task, balanced letters, every answer re-derived."
     s = json.loads(SUMMARY.read_text())
-    assert set(s["per_task"]) == set(Q.TASKS) and sum(s["per_task"].values()) == s["questions"] > 0
+    assert set(s["per_task"]) == set(TASKS) and sum(s["per_task"].values()) == s["questions"] > 0
     assert s["letter_share_max_deviation"] <= 0.03
     assert s["verified"] is True          # the generate stage re-derived every answer from the label maps (verify: true)
 
@@ -258,15 +267,15 @@ def test_pipeline_benchmark():
     """The benchmark the pipeline wrote (needs `dvc repro generate`): every task, balanced letters on the originals (a
     flipped twin has its own letter), every answer re-derived, twins included (on the copies' label maps)."""
     recs = read_jsonl(BENCH, strict=True)
-    assert {r["task"] for r in recs} == set(Q.TASKS)
+    assert {r["task"] for r in recs} == set(TASKS)
     originals = [r for r in recs if r["pair_of"] is None]
     assert 0 < len(originals) < len(recs)                  # the twins on the counterfactual copies follow their originals
-    bal = Q.letter_balance(originals)
-    assert ((bal[list(Q.LETTERS)] - 0.25).abs() <= 0.03).all().all()
+    bal = letter_balance(originals)
+    assert ((bal[list(LETTERS)] - 0.25).abs() <= 0.03).all().all()
     cache = {}
     for r in recs:
         for sid, path in zip(r["scan_ids"], r["label_maps"]):
             if sid not in cache:
                 v = read_scan(ROOT / path if not Path(path).is_absolute() else path, None, sid).labels
-                cache[sid] = Q.structures_of(v.array, v.affine)
-        assert Q.check_record(r, cache) == [], r["qid"]
+                cache[sid] = structures_of(v.array, v.affine)
+        assert check_record(r, cache) == [], r["qid"]

@@ -121,7 +121,7 @@ def test_every_figure_writes_png_and_csv(run, values, tmp_path):
 
 def _with_rotations(recs, preds, seed=1):
     "Toy answers to the rotated copies: the oracle reads each rotation's truth, random draws a letter per rotated qid."
-    from spatialvqa.questions import rotations
+    from spatialvqa.questions.tables import rotations
     rng, out = np.random.default_rng(seed), {m: list(p) for m, p in preds.items()}
     for r in rotations(recs):
         out["oracle"].append(dict(qid=r["qid"], model="oracle", raw=r["answer_letter"], error=None))

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from spatialvqa import models as M
-from spatialvqa.questions import with_rotations
+from spatialvqa.questions.tables import with_rotations
 from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.llm import FakeOpenAIServer
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from spatialvqa import scoring as S
 from spatialvqa import stats
-from spatialvqa.questions import rotate_options, rotations
+from spatialvqa.questions.tables import rotate_options, rotations
 from spatialvqa.figures import plot_failure_types
 from spatialvqa.stats import bootstrap_ci, mcnemar
 

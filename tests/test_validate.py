@@ -25,7 +25,8 @@ from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom import make_cohort
 from spatialvqa.prompt import build_prompt
-from spatialvqa.questions import DEFAULT_PER_SCAN, LETTERS, generate_questions
+from spatialvqa.questions.core import LETTERS
+from spatialvqa.questions.generate import DEFAULT_PER_SCAN, generate_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "data/benchmark/questions.jsonl"
@@ -181,7 +182,7 @@ def test_plausibility(bench):
     assert {r["qid"] for r in about} <= {r["qid"] for r in kept2}
     # a structure touching the scan's border: move the liver's box onto the edge of its scan
     sc = scans.set_index("scan_id").loc[sid]
-    from spatialvqa.questions import geometry_from_affine
+    from spatialvqa.questions.core import geometry_from_affine
     g = geometry_from_affine(sc["affine"], sc["shape"])
     t2 = bench["table"].copy()
     t2.loc[liver, "bbox_xmin"] = g.lo[0]

@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spatialvqa import questions as Q
+from spatialvqa.questions.core import LETTERS, MC_TASKS
+from spatialvqa.questions.registry import evaluate
+from spatialvqa.questions.generate import generate_questions, parse_budget
 from spatialvqa.validate import answerers as VA, chance as VC, pipeline as VP
 from spatialvqa import counterfactual as CF
 from spatialvqa.anatomy import typical_volume
@@ -59,7 +61,7 @@ def bench(tmp_path_factory, cohorts):
     # the generate stage: questions about the originals, what the copies change in focus, each with its twins
     gen = load_params("generate", ROOT / "params.yaml")
     st, sc, cst, csc = CF.split_copies(structures, scans)
-    orig = Q.generate_questions(st, seed=0, per_scan=Q.parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
+    orig = generate_questions(st, seed=0, per_scan=parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
                                 focus=CF.pair_focus(csc, st), focus_share=float(gen["focus_share"]),
                                 accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]))
     twins, _ = CF.pair_questions(orig, cst, csc, originals=st)
@@ -107,7 +109,7 @@ def test_loso_atlas_near_chance(bench):
     hits = []
     for r in mc:
         try:
-            ev = Q.evaluate(r, [_atlas(bench["kept"], {CF.scan_family(s) for s in r["scan_ids"]})] * len(r["scan_ids"]))
+            ev = evaluate(r, [_atlas(bench["kept"], {CF.scan_family(s) for s in r["scan_ids"]})] * len(r["scan_ids"]))
             good = [i for i, t in enumerate(ev["truth"]) if t is True] or [i for i, t in enumerate(ev["truth"]) if t is None]
             pred = "ABCD"[good[0]] if good else _guess(r)
         except (KeyError, ZeroDivisionError, ValueError, TypeError):
@@ -290,6 +292,6 @@ def test_no_task_rests_on_one_or_two_scans(bench):
 
 def test_exact_letter_balance(bench):
     counts = Counter((r["task"], r["answer_letter"]) for r in bench["kept"] if r["format"] == "mc")
-    for t in Q.MC_TASKS:
-        assert len({counts[(t, l)] for l in Q.LETTERS}) == 1, (t, [counts[(t, l)] for l in Q.LETTERS])
+    for t in MC_TASKS:
+        assert len({counts[(t, l)] for l in LETTERS}) == 1, (t, [counts[(t, l)] for l in LETTERS])
 

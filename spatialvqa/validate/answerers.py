@@ -24,7 +24,9 @@ from ..counterfactual import scan_family
 from ..measure import Structure
 from ..prompt import build_prompt
 from ..parse import parse_answer
-from ..questions import (LETTERS, evaluate, measured_structure)
+from ..questions.core import LETTERS
+from ..questions.registry import evaluate
+from ..questions.generate import measured_structure
 from .filters import jaccard
 
 # %% auto #0
@@ -328,7 +330,7 @@ class TextAnswerer:
 # %% ../../nbs/24_validate/01_answerers.ipynb #41aada6c
 def median_structure(name: str, ms: Sequence[Mapping]) -> Structure:
     """One `Structure` from the measurements `ms` of structure `name` in one or more scans: the median of each (a box
-    by its centre and its physical extent less the voxel box, as `questions.measured_structure` rebuilds one)."""
+    by its centre and its physical extent less the voxel box, as `questions.generate.measured_structure` rebuilds one)."""
     a = np.asarray([[m.get("voxels"), m.get("volume_ml"), *m.get("centroid_mm"), *m.get("bbox_center_mm"),
                      *m.get("extent_mm"), *m.get("voxel_box_mm", [0.0] * 3)] for m in ms], float)
     if np.isnan(a).any(): med = np.median(a, axis=0)     # (NaN propagates as np.median has it)
@@ -363,7 +365,7 @@ class FamilyMedian(Mapping):
     def __len__(self) -> int: return len(self._names)
 
 class AtlasAnswerer:
-    """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.evaluate`.
+    """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.registry.evaluate`.
     With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
     OTHER scans (never the question's own, nor any of its family: a counterfactual copy and its original,
     `scan_family`): the strongest atlas a set of scans allows, and no folds to pick."""

@@ -18,7 +18,7 @@ import pandas as pd
 from ..core import get_logger, map_shares, stable_hash
 from ..stats import bootstrap_ci
 from ..counterfactual import pair_key, scan_family
-from ..questions import (LETTERS, MC_TASKS)
+from ..questions.core import LETTERS, MC_TASKS
 from .answerers import RIGHT_REL_TOL, expected_right, is_right
 
 # %% auto #0

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from ..anatomy import reference_range
-from ..questions import (MIN_VOXELS, geometry_from_affine,
-                                  measured_structure, structure_from_row)
+from ..questions.core import MIN_VOXELS, geometry_from_affine, structure_from_row
+from ..questions.generate import measured_structure
 
 # %% auto #0
 __all__ = ['BORDER', 'structure_problems', 'involved', 'table_from_records', 'plausibility', 'normalise', 'shingles', 'jaccard',

@@ -21,7 +21,8 @@ import pandas as pd
 from ..core import atomic_write, dumps, flag, get_logger
 from ..stats import wilson
 from ..counterfactual import pair_key, scan_family
-from ..questions import (LETTERS, MC_TASKS, MIN_VOXELS, TASKS, markdown_table, to_frame)
+from ..questions.core import LETTERS, MC_TASKS, MIN_VOXELS, TASKS
+from ..questions.tables import markdown_table, to_frame
 from .filters import dedup, plausibility, _removed
 from .answerers import RIGHT_REL_TOL, blind_answers, cross_fit_answerers, is_right, make_answerers
 from .chance import CHANCE_DRIFT, CHANCE_ROUNDS, CHANCE_SPLITS, CHANCE_TOL, FAMILY_CAP, LETTER_SLACK, PROTECT_WEIGHT, RULE_NAMES, balance_letters, chance_subsample, trivial, vote
