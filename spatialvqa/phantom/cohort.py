@@ -51,6 +51,7 @@ def cohort_variants(n_subjects: int, seed: int = 0, rates: Mapping[str, float] |
         for i in order[np.argsort(clash, kind="stable")][:m]: out[i][k] = True
     return out
 
+# %% ../../nbs/14_phantom/06_cohort.ipynb #ab57446e
 def _cohort_job(job: dict) -> dict:
     "Make and write one cohort subject (module level, so worker processes can run it)."
     s = make_subject(job["subject_id"], job["seed"], tumours=job["tumours"], spacing=job["spacing"],
@@ -86,6 +87,7 @@ def make_cohort(outdir: str | os.PathLike, n_subjects: int = 12, seed: int = 0, 
     get_logger(__name__).info("wrote %d phantom subjects to %s", len(entries), outdir)
     return entries
 
+# %% ../../nbs/14_phantom/06_cohort.ipynb #80c8d78c
 def read_cohort(outdir: str | os.PathLike) -> list[dict]:
     "The manifest entries of the cohort in `outdir`, with paths made absolute."
     outdir = Path(outdir)

@@ -70,6 +70,7 @@ def _tumour_spec(tumours, rng: np.random.Generator, rate: float = 0.5, max_lesio
     if bad: raise ValueError(f"unknown tumour kind(s) {bad}; expected some of {list(TUMOUR_KINDS)}")
     return kinds
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #0dd9bd3a
 def _carve_tumour(L: np.ndarray, grid: Grid, kind: str, diameter: float | None, rng: np.random.Generator,
                   avoid: Sequence[float] = ()) -> dict:
     """Carve one lesion of `kind` into a host this subject has; return its description (before measurement).

@@ -46,6 +46,7 @@ def size_findings(truth: Mapping) -> dict[str, str]:
     if "prostate" in S: out["prostate"] = "enlarged" if S["prostate"]["volume_ml"] > PROSTATE_ENLARGED_ML else "normal"
     return out
 
+# %% ../../nbs/14_phantom/04_report.ipynb #13dd3ccb
 def lesion_location(truth: dict, tumour: dict) -> str:
     "Anatomical location of a lesion within its host, from the truth (e.g. 'lower pole of the left kidney')."
     S, host, c = truth["structures"], tumour["host"], tumour["centroid_mm"]

@@ -46,6 +46,7 @@ class Grid:
             co.append(v.reshape([-1 if m == n else 1 for m in range(3)]))
         return tuple(sl), tuple(co)
 
+# %% ../../nbs/14_phantom/00_shapes.ipynb #ef6a9a62
 def _q(v: float, step: float = 1 / 8) -> float:
     "Round to a multiple of `step` (exact in float32)."
     return float(round(v / step) * step)
@@ -75,6 +76,7 @@ class Shape:
         "This shape restricted to where `cond(X, Y, Z)` holds."
         return Shape(lambda X, Y, Z: self.fn(X, Y, Z) & cond(X, Y, Z), self.lo, self.hi)
 
+# %% ../../nbs/14_phantom/00_shapes.ipynb #2ce64880
 def rotation(*angles_deg: float, axes: str = "xyz") -> np.ndarray:
     "Rotation matrix: successive right-handed rotations by `angles_deg` about world `axes`."
     R = np.eye(3)
@@ -85,6 +87,7 @@ def rotation(*angles_deg: float, axes: str = "xyz") -> np.ndarray:
         R = r @ R
     return R
 
+# %% ../../nbs/14_phantom/00_shapes.ipynb #280b08a2
 _WOBBLE_MAX = 0.3   # largest relative change of a blob's radius
 _MONOMIALS = [(a, b, c) for d in (1, 2, 3) for a in range(d + 1) for b in range(d + 1 - a) for c in [d - a - b]]
 

@@ -49,6 +49,7 @@ def cohort_variation(truths: Sequence[Mapping], names: Sequence[str] = ATLAS_STR
                         volume_ml=g.volume_ml.mean(), volume_cv=g.volume_ml.std(ddof=0) / g.volume_ml.mean()))
     return pd.DataFrame(out).set_index("name").round(3)
 
+# %% ../../nbs/14_phantom/07_variation.ipynb #5ae5a77b
 def atlas_agreement(truths: Sequence[Mapping], names: Sequence[str] = ATLAS_STRUCTURES, frame: str = "world",
                     tie_mm: float = 5.0, tie_rel: float = 0.1):
     """Leave-one-subject-out atlas on pairwise relations: one row per (relation, a, b, held-out subject) with the
