@@ -30,7 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spatialvqa import phantom as new                                               # noqa: E402
+from spatialvqa.phantom.cohort import cohort_variants, make_cohort, subject_seed     # noqa: E402
+from spatialvqa.phantom.subject import make_subject                                 # noqa: E402
+from spatialvqa.phantom.variation import (ATLAS_STRUCTURES, RELATIONS, atlas_agreement, atlas_summary,  # noqa: E402
+                                         cohort_variation)
 from spatialvqa.core import load_params                                            # noqa: E402
 
 
@@ -61,21 +64,21 @@ def main(argv=None) -> dict:
     seed = int(p["seed"]) if a.seed is None else a.seed
     rates = {k: float(v) for k, v in p.get("rates", {}).items()} or None
     old = load_old(a.before)
-    variants = new.cohort_variants(a.n, seed, rates)
+    variants = cohort_variants(a.n, seed, rates)
     truths, times = {"before": [], "after": []}, {"before": [], "after": []}
     for i in range(a.n):
-        sd = new.subject_seed(seed, i)
+        sd = subject_seed(seed, i)
         for which in ("before", "after"):
             t0 = time.perf_counter()
             if which == "before": s = old.make_subject(f"phantom_{i:03d}", sd, tumour_rate=float(p["tumour_rate"]))
-            else: s = new.make_subject(f"phantom_{i:03d}", sd, tumour_rate=float(p["tumour_rate"]), rates=rates,
+            else: s = make_subject(f"phantom_{i:03d}", sd, tumour_rate=float(p["tumour_rate"]), rates=rates,
                                        variants=variants[i], max_lesions=int(p.get("max_lesions", 3)))
             times[which].append(time.perf_counter() - t0)
             truths[which].append(s.truth)
         print(f"subject {i:3d}: before {times['before'][-1]:.2f} s, after {times['after'][-1]:.2f} s, "
               f"variants {','.join(truths['after'][-1]['variants']) or '-'}", file=sys.stderr)
-    var = {w: new.cohort_variation(truths[w], frame="body") for w in truths}
-    atlas = {w: new.atlas_summary(new.atlas_agreement(truths[w], frame="world")) for w in truths}
+    var = {w: cohort_variation(truths[w], frame="body") for w in truths}
+    atlas = {w: atlas_summary(atlas_agreement(truths[w], frame="world")) for w in truths}
     out = dict(n=a.n, seed=seed, before_commit=a.before,
                seconds_per_subject={w: round(statistics.mean(v), 3) for w, v in times.items()},
                variation={w: v.reset_index().to_dict(orient="records") for w, v in var.items()}, atlas=atlas)
@@ -83,13 +86,13 @@ def main(argv=None) -> dict:
     print("| structure | n before | n after | centroid spread before (mm) | after (mm) | volume CV before | after |")
     print("|---|---|---|---|---|---|---|")
     b, f = var["before"], var["after"]
-    for name in new.ATLAS_STRUCTURES:
+    for name in ATLAS_STRUCTURES:
         if name in b.index and name in f.index:
             print(f"| {name} | {b.loc[name, 'n']} | {f.loc[name, 'n']} | {b.loc[name, 'spread_mm']:.1f} | {f.loc[name, 'spread_mm']:.1f} "
                   f"| {b.loc[name, 'volume_cv']:.3f} | {f.loc[name, 'volume_cv']:.3f} |")
     print("\n| relation | atlas right before | after | cases before | after | contested pairs before | after (of pairs) |")
     print("|---|---|---|---|---|---|---|")
-    for rel in (*new.RELATIONS, "all"):
+    for rel in (*RELATIONS, "all"):
         b, f = atlas["before"][rel], atlas["after"][rel]
         print(f"| {rel} | {b['accuracy']:.3f} | {f['accuracy']:.3f} | {b['n']} | {f['n']} | {b['contested']} | {f['contested']} ({f['pairs']}) |")
     print(f"\nseconds per subject (make_subject, default grid): before {out['seconds_per_subject']['before']:.2f}, "
@@ -114,10 +117,10 @@ def question_atlas(old, n: int, seed: int, tumour_rate: float, rates, max_lesion
     from spatialvqa.measure import measure_manifests
     from spatialvqa.questions.generate import generate_questions
     res = {}
-    for which, mod in (("before", old), ("after", new)):
+    for which in ("before", "after"):
         d = Path(tempfile.mkdtemp()) / which
-        if which == "before": mod.make_cohort(d, n, seed=seed, tumour_rate=tumour_rate, workers=0)
-        else: mod.make_cohort(d, n, seed=seed, tumour_rate=tumour_rate, workers=0, rates=rates, max_lesions=max_lesions)
+        if which == "before": old.make_cohort(d, n, seed=seed, tumour_rate=tumour_rate, workers=0)
+        else: make_cohort(d, n, seed=seed, tumour_rate=tumour_rate, workers=0, rates=rates, max_lesions=max_lesions)
         table, scans, rejected = measure_manifests([d / "cohort.json"], workers=0)
         recs = [r for r in generate_questions(table, seed=0, scans=scans) if r["format"] == "mc"]
         preds = VA.cross_fit_answerers(recs, VA.make_answerers("atlas"), folds=n, seed=0)

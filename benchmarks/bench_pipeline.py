@@ -147,7 +147,7 @@ def openkbp_subset(src: Path, n: int, out: Path) -> Path:
 
 def make_phantoms(out: Path, n: int, params: Mapping, workers: int, spacing: Sequence[float] | None = None) -> list[dict]:
     "The phantom pool: `n` subjects with params.yaml's phantom settings (as the phantom stage makes them)."
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     ph = params["phantom"]
     return make_cohort(out, n_subjects=n, seed=int(ph["seed"]), tumour_rate=float(ph["tumour_rate"]), workers=workers,
                        rates=dict(ph["rates"]), max_lesions=int(ph["max_lesions"]), spacing=spacing)

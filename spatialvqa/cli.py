@@ -91,7 +91,7 @@ def _fetch(a) -> int:
     return 0
 
 def _phantom(a) -> int:
-    from spatialvqa.phantom import make_cohort, write_totalsegmentator
+    from spatialvqa.phantom.cohort import make_cohort, write_totalsegmentator
     if a.layout == "totalsegmentator": write_totalsegmentator(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
     else: make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
     return 0

@@ -701,7 +701,7 @@ def convert_openkbp(src: str | os.PathLike, out: str | os.PathLike, workers: int
 # %% ../nbs/17_convert.ipynb #pha00002
 def convert_phantom(src: str | os.PathLike, out: str | os.PathLike, workers: int | None = None,
                     scheduler: str | None = None, name: str | None = None, licence: str | None = None) -> list[dict]:
-    "List the phantom cohort at `src` (a folder holding `cohort.json`, as `phantom.make_cohort` writes it) as scans."
+    "List the phantom cohort at `src` (a folder holding `cohort.json`, as `phantom.cohort.make_cohort` writes it) as scans."
     src, out = Path(src), Path(out)
     manifest = src / "cohort.json"
     if not manifest.exists(): raise ScanError(manifest, "no such file: a phantom cohort folder holds cohort.json")

@@ -55,7 +55,7 @@ def shared_cohort(tmp_path_factory, n: int, seed: int, tumour_rate: float = 0.5)
     the tests that ask for this very cohort, whichever pytest-xdist worker runs them (the first builds it, under a file
     lock, in the session's own temporary folder; a fresh session builds it again). The cohort is the same bytes whoever
     builds it and with any number of processes (tests/test_phantom.py checks that); the tests only read it."""
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_cohorts"   # xdist: <session>/popen-gwN
     root.mkdir(exist_ok=True)
@@ -81,7 +81,7 @@ def phantom_benchmark(tmp_path_factory):
     """A small Track A benchmark made the pipeline's way: 4 phantoms of the default cohort, measured, with the default
     questions per scan: `dict(recs, table, scans, dir)` (`dir`: the cohort's folder)."""
     from spatialvqa.measure import measure_manifests
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     from spatialvqa.questions.generate import generate_questions
     d = tmp_path_factory.mktemp("phantom_benchmark")
     make_cohort(d, 4, seed=0, tumour_rate=0.5, workers=1)
@@ -96,7 +96,7 @@ def two_phantoms(tmp_path_factory):
     file: `dict(recs, bench, dir)`. Shared by test_models and test_runner; each takes a deep copy of the records."""
     from spatialvqa.core import write_jsonl
     from spatialvqa.measure import measure_manifests
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     from spatialvqa.questions.generate import generate_questions
     d = tmp_path_factory.mktemp("two_phantoms")
     make_cohort(d, 2, seed=0, tumour_rate=0.5, workers=1)

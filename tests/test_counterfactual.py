@@ -16,7 +16,8 @@ from spatialvqa import counterfactual as CF
 from spatialvqa.anatomy import NAME_TO_ID, counterpart
 from spatialvqa.core import read_json, write_json
 from spatialvqa.measure import measure_labels, measure_manifests, scan_info, structures_table
-from spatialvqa.phantom import make_cohort, make_subject
+from spatialvqa.phantom.cohort import make_cohort
+from spatialvqa.phantom.subject import make_subject
 from spatialvqa.questions.core import LETTERS, tol_volume
 from spatialvqa.questions.registry import evaluate
 from spatialvqa.questions.generate import generate_questions

@@ -31,7 +31,7 @@ def _cli(*args, **kw):
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
     "Twin records (format text, volume and report paths relative to the folder) over three phantoms with lesions."
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     d = tmp_path_factory.mktemp("twin")
     make_cohort(d / "cohort", 3, seed=1, tumour_rate=1.0, workers=1, prefix="twin")
     recs = []

@@ -18,7 +18,7 @@ from spatialvqa import export as E
 from spatialvqa.cli import parser as _cli_parser  # noqa: F401  (the CLI module imports cleanly)
 from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.measure import measure_manifests
-from spatialvqa.phantom import make_cohort
+from spatialvqa.phantom.cohort import make_cohort
 from spatialvqa.prompt import build_prompt
 from spatialvqa.questions.core import LETTERS
 from spatialvqa.questions.generate import generate_questions

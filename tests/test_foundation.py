@@ -5,7 +5,7 @@ import pytest
 import SimpleITK as sitk
 
 from spatialvqa.measure import direction, measure_file
-from spatialvqa.phantom import make_subject, orientations, write_subject
+from spatialvqa.phantom.subject import make_subject, orientations, write_subject
 
 LPS = np.array([-1.0, -1.0, 1.0])  # RAS = LPS * (-1, -1, 1)
 

@@ -504,7 +504,7 @@ def phantom_bench(tmp_path_factory):
     """Two phantoms, their measurements and a few generated questions, in a folder `b/` whose benchmark names the
     scans by paths relative to itself."""
     from spatialvqa.measure import measure_manifests
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     from spatialvqa.questions.generate import generate_questions
     d = tmp_path_factory.mktemp("pb") / "b"
     make_cohort(d / "scans", n_subjects=2, seed=3, workers=0)
@@ -864,7 +864,7 @@ def test_i23_simpleitk_opens_every_label_map_the_pipeline_writes(tmp_path):
     import SimpleITK as sitk
     from spatialvqa.convert import convert
     from spatialvqa.counterfactual import make_counterfactuals
-    from spatialvqa.phantom import make_cohort
+    from spatialvqa.phantom.cohort import make_cohort
     from spatialvqa.scan import read_labels
     real = ROOT.parent / "shared" / "data" / "real-ct"
     convert("pyradiomics", real / "pyradiomics", tmp_path / "scans" / "pyradiomics", workers=0)

@@ -14,7 +14,7 @@ from spatialvqa.questions.generate import generate_questions
 from spatialvqa.core import load_params, read_json, shared_data
 from spatialvqa.interreader import flip_study, flip_summary, measure_two_readers
 from spatialvqa.measure import measure_manifests
-from spatialvqa.phantom import make_cohort
+from spatialvqa.phantom.cohort import make_cohort
 from spatialvqa.scan import read_scan
 
 ROOT = Path(__file__).resolve().parents[1]

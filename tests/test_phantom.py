@@ -12,9 +12,11 @@ import pytest
 
 from spatialvqa.anatomy import NAME_TO_ID, TOTALSEG, reference_range
 from spatialvqa.core import load_params
-from spatialvqa.phantom import (DEFAULT_RATES, FORMATS, VARIANT_PHRASES, VARIANTS, atlas_agreement, atlas_summary,
-                                cohort_variation, cohort_variants, make_cohort, make_subject, orient, orientations,
-                                read_cohort, subject_seed, write_subject)
+from spatialvqa.phantom.body import DEFAULT_RATES, VARIANTS
+from spatialvqa.phantom.cohort import cohort_variants, make_cohort, read_cohort, subject_seed
+from spatialvqa.phantom.report import VARIANT_PHRASES
+from spatialvqa.phantom.subject import FORMATS, make_subject, orient, orientations, write_subject
+from spatialvqa.phantom.variation import atlas_agreement, atlas_summary, cohort_variation
 from spatialvqa.scan import read_scan
 
 ORGANS = ["liver", "spleen", "kidney_right", "kidney_left", "heart", "aorta", "inferior_vena_cava", "stomach",

@@ -7,7 +7,7 @@ import pytest
 from spatialvqa.convert import convert_phantom
 from spatialvqa.core import write_json
 from spatialvqa.measure import measure_manifests
-from spatialvqa.phantom import make_cohort
+from spatialvqa.phantom.cohort import make_cohort
 from spatialvqa.questions.generate import RECORD_FIELDS, generate_questions
 from spatialvqa.questions.tables import to_frame
 

@@ -23,7 +23,7 @@ from spatialvqa.anatomy import reference_range
 from spatialvqa.stats import cohen_kappa, fleiss_kappa, group_folds
 from spatialvqa.core import load_params, read_jsonl
 from spatialvqa.measure import measure_manifests
-from spatialvqa.phantom import make_cohort
+from spatialvqa.phantom.cohort import make_cohort
 from spatialvqa.prompt import build_prompt
 from spatialvqa.questions.core import LETTERS
 from spatialvqa.questions.generate import DEFAULT_PER_SCAN, generate_questions

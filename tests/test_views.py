@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from spatialvqa import views as V
 from spatialvqa.anatomy import NAME_TO_ID
-from spatialvqa.phantom import VARIANTS, make_subject, orient
+from spatialvqa.phantom.body import VARIANTS
+from spatialvqa.phantom.subject import make_subject, orient
 from spatialvqa.scan import Volume, read_volume, write_dicom_series, write_volume
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import transformers
 from spatialvqa import vlm
 from spatialvqa.models import ADAPTERS, ModelInput, hashed_config, make_adapter
 from spatialvqa.prompt import build_prompt
-from spatialvqa.phantom import make_subject
+from spatialvqa.phantom.subject import make_subject
 from spatialvqa.scan import write_volume
 from spatialvqa.views import preset
 
