@@ -4,7 +4,8 @@ A stage notebook (`nbs/stages/<stage>.ipynb`, run by `spatialvqa-stage`, whose m
 inside a function (lazy imports count), by name or through an entry-point group (`spatialvqa.adapters` loads
 `spatialvqa.vlm`, `spatialvqa.answerers` loads `spatialvqa.agents`). A change to any module of that closure can change
 the stage's outputs, so `dvc.yaml` must list every one of them in the stage's `deps` (or the package folder
-`spatialvqa`, which covers all, or a subpackage's folder such as `spatialvqa/questions`, which covers its modules), else `dvc status` stays clean while the results go stale.
+`spatialvqa`, which covers all, or a subpackage's folder such as `spatialvqa/questions`, which covers its modules),
+else `dvc status` stays clean while the results go stale.
 
     python scripts/stage_deps.py            # print, per stage, the modules its deps leave out (status 1 if any)
     python scripts/stage_deps.py --write    # rewrite dvc.yaml: each stage's spatialvqa deps become its closure
