@@ -231,7 +231,7 @@ def _relocated(rec: dict, stage: Path, out: Path) -> dict:
         if p and Path(p).is_relative_to(stage): r[k] = str(out / Path(p).relative_to(stage))
     return r
 
-# %% ../../nbs/17_convert/01_writer.ipynb #cvs00014
+# %% ../../nbs/17_convert/01_writer.ipynb #cvs00016
 def merge_into(out: Path, stage: Path | None, new: list[dict]) -> list[dict]:
     """Add the records `new` (converted into `stage`, or referring to files elsewhere when `stage` is None) to the
     manifest `out/scans.json`, moving their scan folders from `stage` into `out`. Refuses, before changing anything,
@@ -264,7 +264,7 @@ def merge_into(out: Path, stage: Path | None, new: list[dict]) -> list[dict]:
     write_json(merged, out / "scans.json")
     return merged
 
-# %% ../../nbs/17_convert/01_writer.ipynb #cvs00016
+# %% ../../nbs/17_convert/01_writer.ipynb #cvs00018
 def _finish(dataset: str, name: str, licence: str, src: Path, out: Path, records: list[dict], rejected: list[dict],
             stage: Path | None, report: dict) -> list[dict]:
     "Merge `records` into `out`, then its rejected list and report; log what happened. Returns `records` as placed."
@@ -283,7 +283,7 @@ def _finish(dataset: str, name: str, licence: str, src: Path, out: Path, records
     for r in rejected: log.warning("rejected %s: %s", r.get("scan_id") or r.get("case"), r["error"])
     return placed
 
-# %% ../../nbs/17_convert/01_writer.ipynb #cvs00017
+# %% ../../nbs/17_convert/01_writer.ipynb #cvs00020
 def _run(dataset: str, licence: str, src: Path, out: str | os.PathLike, cases: list[Case], reader: str,
          mapping: Mapping[int | str, str | None], rejected: list[dict], skipped: list[dict], ignored: list[str],
          workers: int | None, scheduler: str | None, images: str, verify_images: bool, notes: Sequence[str] = (),
@@ -316,7 +316,7 @@ def _table(mapping: Mapping, key=int) -> dict:
 def _want(modality: str, modalities: Sequence[str]) -> bool:
     return modality.upper() in {m.upper() for m in modalities}
 
-# %% ../../nbs/17_convert/01_writer.ipynb #cvs00020
+# %% ../../nbs/17_convert/01_writer.ipynb #cvs00023
 def _read_csv(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8-sig")
     delim = ";" if text.split("\n", 1)[0].count(";") > text.split("\n", 1)[0].count(",") else ","
