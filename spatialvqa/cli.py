@@ -376,7 +376,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
 
 # %% ../nbs/49_cli.ipynb #ef76f228
 _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
-    "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
+    "spatialvqa.convert.commands": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
     "spatialvqa.ctsvqa.commands": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
         "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
         "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached",

@@ -864,7 +864,7 @@ def test_i23_simpleitk_opens_every_label_map_the_pipeline_writes(tmp_path):
     TotalSegmentator's example), of the phantom cohort and of the counterfactual copies all open in SimpleITK, with
     the geometry spatialvqa reads within 1e-4 mm."""
     import SimpleITK as sitk
-    from spatialvqa.convert import convert
+    from spatialvqa.convert.datasets import convert
     from spatialvqa.counterfactual import make_counterfactuals
     from spatialvqa.phantom.cohort import make_cohort
     from spatialvqa.scan import read_labels
