@@ -206,7 +206,7 @@ def build_cohort(size: int, work: Path, params: Mapping, pool: Path | None, real
 # Each stage takes the run's context (a dict: params, datasets, out, workers, scheduler and what earlier stages
 # left) and leaves its outputs in it; `run_pipeline` times each call. Tests inject other stage functions.
 def stage_convert(ctx: dict) -> None:
-    from spatialvqa.convert import convert_datasets
+    from spatialvqa.convert.datasets import convert_datasets
     out = ctx["out"] / "scans"
     if out.exists(): shutil.rmtree(out)
     ctx["scans"] = convert_datasets(ctx["datasets"], out, workers=ctx["workers"], scheduler=ctx["scheduler"])
@@ -431,7 +431,7 @@ def format_dask(rows: Sequence[Mapping]) -> str:
 def warm_imports() -> None:
     "Import what the stages import lazily, so that the first cohort does not pay for it."
     import scipy.optimize, sklearn.feature_extraction, sklearn.linear_model  # noqa: F401
-    import spatialvqa.convert, spatialvqa.counterfactual, spatialvqa.measure, spatialvqa.questions.generate  # noqa: F401
+    import spatialvqa.convert.datasets, spatialvqa.counterfactual, spatialvqa.measure, spatialvqa.questions.generate  # noqa: F401
     import spatialvqa.scan, spatialvqa.validate.pipeline  # noqa: F401
 
 

@@ -24,7 +24,8 @@ n, bench, cache, out, scans, encoder = int(sys.argv[1]), sys.argv[2], sys.argv[3
 torch.set_num_threads(n)
 from spatialvqa import vlm
 from spatialvqa.core import load_params, read_records
-from spatialvqa.models import ModelInput, make_adapter
+from spatialvqa.models.protocol import ModelInput
+from spatialvqa.models.registry import make_adapter
 entry = load_params("infer")["models"]["probe"]
 cfg = dict(entry["config"], cache_dir=cache)
 if encoder: cfg["threads"] = n            # the encoder itself on n threads: what the probe did before the fix

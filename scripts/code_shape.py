@@ -18,6 +18,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nb_style import library_notebooks  # noqa: E402  (the one list of library notebooks)
+
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES, FUNCTION_LINES, CELL_LINES = 800, 60, 60
 CROWDED_LINES, CROWDED_DEFINITIONS = 40, 3
@@ -53,7 +56,7 @@ def exported_cells(root: Path = ROOT) -> dict[str, str]:
     "`notebook#cell-id` -> the code of each exported cell of the library notebooks (subpackages' too), `#|` lines dropped."
     out = {}
     nbs = root / "nbs"
-    for nb in sorted([*nbs.glob("*.ipynb"), *nbs.glob("[0-9]*/*.ipynb")]):
+    for nb in library_notebooks(nbs):
         for i, c in enumerate(json.loads(nb.read_text())["cells"]):
             src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
             if c["cell_type"] == "code" and re.search(r"^#\|\s*exports?\b", src, re.M):

@@ -36,9 +36,8 @@ SITE_URL = "https://spatialvqa.github.io/spatialvqa/"
 CACHE = ROOT / ".cache" / "docs" / "exec"
 
 
-def library_notebooks() -> list[Path]:
-    "The library notebooks (`nbs/NN_name.ipynb`, and a subpackage's `nbs/NN_name/MM_part.ipynb`), in data order."
-    return sorted([*NBS.glob("[0-9][0-9]_*.ipynb"), *NBS.glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")], key=lambda p: p.relative_to(NBS))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nb_style import library_notebooks  # noqa: E402  (the one list of library notebooks)
 
 
 def page_name(nb: Path) -> str:

@@ -67,8 +67,9 @@ def check(nb_path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def library_notebooks() -> list[Path]:
-    nbs = ROOT / "nbs"
+def library_notebooks(nbs: Path = ROOT / "nbs") -> list[Path]:
+    """The library notebooks (`nbs/NN_name.ipynb`, and a subpackage's `nbs/NN_name/MM_part.ipynb`), in data order: the
+    one list every script and test reads (docs, code shape, the README's module table, the import graph)."""
     return sorted([*nbs.glob("[0-9][0-9]_*.ipynb"), *nbs.glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")], key=lambda p: p.relative_to(nbs))
 
 

@@ -4,7 +4,8 @@ A stage notebook (`nbs/stages/<stage>.ipynb`, run by `spatialvqa-stage`, whose m
 inside a function (lazy imports count), by name or through an entry-point group (`spatialvqa.adapters` loads
 `spatialvqa.vlm`, `spatialvqa.answerers` loads `spatialvqa.agents`). A change to any module of that closure can change
 the stage's outputs, so `dvc.yaml` must list every one of them in the stage's `deps` (or the package folder
-`spatialvqa`, which covers all), else `dvc status` stays clean while the results go stale.
+`spatialvqa`, which covers all, or a subpackage's folder such as `spatialvqa/questions`, which covers its modules),
+else `dvc status` stays clean while the results go stale.
 
     python scripts/stage_deps.py            # print, per stage, the modules its deps leave out (status 1 if any)
     python scripts/stage_deps.py --write    # rewrite dvc.yaml: each stage's spatialvqa deps become its closure
@@ -135,28 +136,50 @@ def needed(root: Path = ROOT) -> dict[str, set[str]]:
     return out
 
 
-def declared(entry: dict) -> tuple[set[str], bool]:
-    "The modules a stage's deps list, and whether it lists the whole package folder."
-    deps = [str(d).split("#")[0].strip() for d in entry.get("deps") or []]
-    return ({".".join(Path(d).relative_to(PKG).with_suffix("").parts) for d in deps if d.startswith(PKG + "/") and d.endswith(".py")},
-            PKG in deps or PKG + "/" in deps)
+def subpackages(modules: set[str]) -> dict[str, set[str]]:
+    "Each subpackage (`questions`, `validate` ...) and its modules."
+    out: dict[str, set[str]] = {}
+    for m in modules:
+        if "." in m: out.setdefault(m.split(".")[0], set()).add(m)
+    return out
+
+
+def declared(entry: dict, modules: set[str] = frozenset()) -> tuple[set[str], bool]:
+    """The modules a stage's deps list (a file `spatialvqa/x.py`, or a subpackage's folder `spatialvqa/questions`: each
+    of `modules` inside it), and whether it lists the whole package folder."""
+    deps = [str(d).split("#")[0].strip().rstrip("/") for d in entry.get("deps") or []]
+    files = {".".join(Path(d).relative_to(PKG).with_suffix("").parts) for d in deps if d.startswith(PKG + "/") and d.endswith(".py")}
+    subs = subpackages(set(modules))
+    folders = {m for d in deps if d.startswith(PKG + "/") and (s := d[len(PKG) + 1:]) in subs for m in subs[s]}
+    return files | folders, PKG in deps
+
+
+def code_deps(mods: set[str], modules: set[str]) -> list[str]:
+    """A closure as deps: the package folder when it holds `FOLDER_SHARE` of all modules; else a subpackage's folder where
+    the closure holds every module of it, and the other modules' files."""
+    if len(mods) >= FOLDER_SHARE * len(modules): return [PKG]
+    whole = {s for s, ms in subpackages(modules).items() if ms <= mods}
+    deps = {f"{PKG}/{s}" for s in whole} | {f"{PKG}/{m.replace('.', '/')}.py" for m in mods if m.split(".")[0] not in whole}
+    return sorted(deps)
 
 
 def missing(root: Path = ROOT) -> dict[str, list[str]]:
     "Stage -> the modules of its closure that its deps leave out (stages that miss none are absent)."
-    st, out = stages(root), {}
+    st, out, modules = stages(root), {}, set(module_graph(root))
     for name, mods in needed(root).items():
-        have, folder = declared(st[name])
+        have, folder = declared(st[name], modules)
         if not folder and (gone := sorted(mods - have)): out[name] = gone
     return out
 
 
 def write(root: Path = ROOT) -> int:
-    """Rewrite dvc.yaml: in every stage with a notebook, the `spatialvqa/*.py` deps become the closure's modules (or
-    the folder `spatialvqa` when the closure holds `FOLDER_SHARE` of all modules); other deps stay as they are."""
+    """Rewrite dvc.yaml: in every stage with a notebook, the `spatialvqa` code deps become the closure (`code_deps`);
+    other deps stay as they are."""
     path = root / "dvc.yaml"
     lines = path.read_text().splitlines(keepends=True)
-    need, n_all, out, i, changed = needed(root), len(module_graph(root)), [], 0, 0
+    need, out, i, changed = needed(root), [], 0, 0
+    modules = set(module_graph(root))
+    subs = subpackages(modules)
     current = None
     while i < len(lines):
         line = lines[i]
@@ -166,9 +189,8 @@ def write(root: Path = ROOT) -> int:
             block, j = [], i + 1
             while j < len(lines) and lines[j].startswith(indent + "- "):
                 block.append(lines[j]); j += 1
-            keep = [l for l in block if not re.match(rf"^\s+- {PKG}(/[\w./]+\.py)?\s*(#.*)?$", l)]
-            mods = need[current]
-            code = [f"{indent}- {PKG}\n"] if len(mods) >= FOLDER_SHARE * n_all else [f"{indent}- {PKG}/{m.replace('.', '/')}.py\n" for m in sorted(mods)]
+            keep = [l for l in block if not re.match(rf"^\s+- {PKG}(/[\w./]+\.py|/({'|'.join(subs)}))?/?\s*(#.*)?$", l)]
+            code = [f"{indent}- {d}\n" for d in code_deps(need[current], modules)]
             nb_at = next((k for k, l in enumerate(keep) if "nbs/stages/" in l), 0)
             new = keep[:nb_at + 1] + code + keep[nb_at + 1:]
             changed += new != block

@@ -188,7 +188,7 @@ def check_records(records: list[dict], path: str | os.PathLike) -> list[dict]:
 def _benchmark_input(path: str, work: Path) -> str:
     "The benchmark at `path` checked, with every scan path absolute (read where the benchmark says), as a file in `work`."
     from spatialvqa.core import read_records, write_jsonl
-    from spatialvqa.models import scan_root, with_root
+    from spatialvqa.models.commands import scan_root, with_root
     recs = check_records(read_records(path), path)
     if not recs: raise ValueError(f"{path}: no questions")
     return str(write_jsonl(with_root(recs, scan_root(path, recs)), work / f"benchmark_{len(list(work.iterdir()))}.jsonl"))
@@ -239,7 +239,7 @@ def _score_inputs(files: list[str], work: Path) -> dict:
 def _relative_paths(staged: Path, final: Path) -> None:
     "Every JSONL benchmark written under `staged` names its scans relative to where it will lie under `final`."
     from spatialvqa.core import read_jsonl, write_jsonl
-    from spatialvqa.models import PATH_FIELDS
+    from spatialvqa.models.commands import PATH_FIELDS
     for f in staged.rglob("*.jsonl"):
         rows = read_jsonl(f)
         if not any(k in r for r in rows for k in PATH_FIELDS): continue
@@ -376,7 +376,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
 
 # %% ../nbs/49_cli.ipynb #ef76f228
 _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its `add_cli` registers them, in order
-    "spatialvqa.convert": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
+    "spatialvqa.convert.commands": {"convert": "convert a downloaded dataset folder to label maps with TotalSegmentator ids"},
     "spatialvqa.ctsvqa.commands": {"ctsvqa-jury": "LLM-jury accuracy of one model's CT-SpatialVQA predictions",
         "ctsvqa-text": "exact match, BLEU, ROUGE, METEOR and SBERT cosine of one model's predictions",
         "ctsvqa-judge": "judge free-text predictions with LLM judges (majority jury); resumable, cached",
@@ -384,7 +384,7 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
         "report-qa": "rule-based spatial QA pairs from radiology reports (offline)"},
     "spatialvqa.review": {"reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
     "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},
-    "spatialvqa.models": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
+    "spatialvqa.models.commands": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
     "spatialvqa.views": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
 }
 

@@ -151,6 +151,7 @@ def _cast(x: np.ndarray, dtype) -> np.ndarray:
         return np.clip(np.rint(x), info.min, info.max).astype(dtype)
     return x.astype(dtype)
 
+# %% ../nbs/23_counterfactual.ipynb #124c8246
 def _level_for(field: np.ndarray, want: float, lo: float = 0.25, hi: float = 0.75) -> float:
     "The iso-level of the interpolated mask whose inside has `want` voxels, kept within [lo, hi] (0.5 without a target)."
     k = int(round(want))
@@ -158,13 +159,8 @@ def _level_for(field: np.ndarray, want: float, lo: float = 0.25, hi: float = 0.7
     if k < 1 or len(vals) < k: return 0.5
     return float(min(max(np.partition(vals, len(vals) - k)[len(vals) - k], lo), hi))
 
-def resize_structure(scan: Scan, target: str | int, factor: float, names: Mapping | None = None,
-                     ring_mm: float = 6.0, seed: int | str | None = None, scan_id: str | None = None) -> tuple[Scan, dict]:
-    """The copy of `scan` with the structure `target` (name or id) scaled by the linear `factor` about its centroid,
-    in the label map and the CT; and what was done (`voxels_before/after`, `volume_ratio`, `overwritten`, ...).
-    `CounterfactualError` when the scaled structure would reach the border of the scan."""
-    if not factor > 0: raise ValueError(f"factor must be positive, got {factor!r}")
-    L = np.asarray(scan.labels.array)
+def _resize_target(scan: Scan, L: np.ndarray, target: str | int, names: Mapping | None) -> tuple[dict[int, str], int, str]:
+    "The structures present in the label map `L`, and the target's label and name (`CounterfactualError` when absent)."
     present = present_names(L, names)
     if isinstance(target, str):
         ids = [i for i, n in present.items() if n == target]
@@ -173,6 +169,11 @@ def resize_structure(scan: Scan, target: str | int, factor: float, names: Mappin
     else: t = int(target)
     if t not in present: raise CounterfactualError(f"{scan.scan_id}: label {t} is not in the label map")
     name = present[t]
+    return present, t, name
+
+def _scaled_mask(scan: Scan, L: np.ndarray, t: int, name: str, factor: float, ring_mm: float) -> tuple:
+    """The box around label `t` (with room for the scaled copy and a ring of `ring_mm`), the source index in the box of
+    each voxel, the box's labels, the structure's mask and its scaled mask in it, and the spacing."""
     idx = np.argwhere(L == t)
     c = idx.mean(0)
     lo, hi = idx.min(0), idx.max(0)
@@ -189,41 +190,64 @@ def resize_structure(scan: Scan, target: str | int, factor: float, names: Mappin
     src = (c[:, None] + (grid - c[:, None]) / factor - off[:, None]).astype(np.float32)   # source index in the box
     field = ndimage.map_coordinates(M.astype(np.float32), src, order=1, mode="constant", cval=0.0).reshape(Lb.shape)
     Mn = field >= _level_for(field, factor ** 3 * M.sum())
-    vacated = M & ~Mn
-    # the surrounding tissue: the ring around the original mask, and its majority label
+    return box, src, Lb, M, Mn, sp
+
+# %% ../nbs/23_counterfactual.ipynb #5cbe1f10
+def _surrounding(Lb: np.ndarray, M: np.ndarray, sp: np.ndarray, ring_mm: float) -> tuple[np.ndarray, int]:
+    "The surrounding tissue: the ring of `ring_mm` around the mask `M`, and its majority label (0 when none)."
     dist = ndimage.distance_transform_edt(~M, sampling=sp)
     ring = ~M & (dist <= ring_mm)
     ring_labels = Counter(Lb[ring].tolist())
     fill_label = ring_labels.most_common(1)[0][0] if ring_labels else 0
+    return ring, fill_label
+
+def _resized_image(scan: Scan, box: tuple, src: np.ndarray, Lb: np.ndarray, Mn: np.ndarray, vacated: np.ndarray, ring: np.ndarray,
+                   fill_label: int, sp: np.ndarray, name: str, factor: float, seed) -> tuple[Volume, dict]:
+    """The CT with the structure's intensities resampled into its scaled mask, and the voxels it vacated filled with the
+    local mean of the surrounding tissue plus residuals drawn (seeded by scan, structure, factor and `seed`) from it."""
+    fill_info = {}
+    I = np.asarray(scan.image.array)
+    Ib = I[box].astype(np.float64)
+    inside = ndimage.map_coordinates(Ib, src, order=1, mode="nearest").reshape(Lb.shape)
+    Inew_b = I[box].copy()
+    Inew_b[Mn] = _cast(inside[Mn], I.dtype)
+    if vacated.any():
+        rf = ring & (Lb == fill_label)
+        if rf.sum() < 10: rf = ring
+        sig = 4.0 / sp                                              # ~4 mm, in voxels per axis
+        num = ndimage.gaussian_filter(np.where(rf, Ib, 0.0), sig)
+        den = ndimage.gaussian_filter(rf.astype(np.float64), sig)
+        local = np.divide(num, den, out=np.zeros_like(num), where=den > 1e-6)
+        resid = Ib[rf] - local[rf]
+        if not resid.size: raise CounterfactualError(f"{scan.scan_id}: no tissue around {name} to fill its vacated voxels")
+        _, near = ndimage.distance_transform_edt(~rf, sampling=sp, return_indices=True)
+        nearest = tuple(a[vacated] for a in near)
+        rng = np.random.default_rng(int(stable_hash([scan.scan_id, name, float(factor), seed]), 16))
+        vals = local[nearest] + rng.choice(resid, size=int(vacated.sum()))
+        Inew_b[vacated] = _cast(vals, I.dtype)
+        fill_info = dict(fill_mean=float(vals.mean()), ring_mean=float(Ib[rf].mean()), ring_sd=float(Ib[rf].std()))
+    Inew = I.copy(); Inew[box] = Inew_b
+    img = Volume(Inew, scan.image.affine)
+    return img, fill_info
+
+# %% ../nbs/23_counterfactual.ipynb #7fcfc7e1
+def resize_structure(scan: Scan, target: str | int, factor: float, names: Mapping | None = None,
+                     ring_mm: float = 6.0, seed: int | str | None = None, scan_id: str | None = None) -> tuple[Scan, dict]:
+    """The copy of `scan` with the structure `target` (name or id) scaled by the linear `factor` about its centroid,
+    in the label map and the CT; and what was done (`voxels_before/after`, `volume_ratio`, `overwritten`, ...).
+    `CounterfactualError` when the scaled structure would reach the border of the scan."""
+    if not factor > 0: raise ValueError(f"factor must be positive, got {factor!r}")
+    L = np.asarray(scan.labels.array)
+    present, t, name = _resize_target(scan, L, target, names)
+    box, src, Lb, M, Mn, sp = _scaled_mask(scan, L, t, name, factor, ring_mm)
+    vacated = M & ~Mn
+    ring, fill_label = _surrounding(Lb, M, sp, ring_mm)
     Lnew_b = Lb.copy()
     over = Counter(Lb[Mn & (Lb != t) & (Lb != 0)].tolist())
     Lnew_b[vacated] = fill_label
     Lnew_b[Mn] = t
     Lnew = L.copy(); Lnew[box] = Lnew_b
-    img, fill_info = None, {}
-    if scan.image is not None:
-        I = np.asarray(scan.image.array)
-        Ib = I[box].astype(np.float64)
-        inside = ndimage.map_coordinates(Ib, src, order=1, mode="nearest").reshape(Lb.shape)
-        Inew_b = I[box].copy()
-        Inew_b[Mn] = _cast(inside[Mn], I.dtype)
-        if vacated.any():
-            rf = ring & (Lb == fill_label)
-            if rf.sum() < 10: rf = ring
-            sig = 4.0 / sp                                              # ~4 mm, in voxels per axis
-            num = ndimage.gaussian_filter(np.where(rf, Ib, 0.0), sig)
-            den = ndimage.gaussian_filter(rf.astype(np.float64), sig)
-            local = np.divide(num, den, out=np.zeros_like(num), where=den > 1e-6)
-            resid = Ib[rf] - local[rf]
-            if not resid.size: raise CounterfactualError(f"{scan.scan_id}: no tissue around {name} to fill its vacated voxels")
-            _, near = ndimage.distance_transform_edt(~rf, sampling=sp, return_indices=True)
-            nearest = tuple(a[vacated] for a in near)
-            rng = np.random.default_rng(int(stable_hash([scan.scan_id, name, float(factor), seed]), 16))
-            vals = local[nearest] + rng.choice(resid, size=int(vacated.sum()))
-            Inew_b[vacated] = _cast(vals, I.dtype)
-            fill_info = dict(fill_mean=float(vals.mean()), ring_mean=float(Ib[rf].mean()), ring_sd=float(Ib[rf].std()))
-        Inew = I.copy(); Inew[box] = Inew_b
-        img = Volume(Inew, scan.image.affine)
+    img, fill_info = (None, {}) if scan.image is None else _resized_image(scan, box, src, Lb, Mn, vacated, ring, fill_label, sp, name, factor, seed)
     before, after = int(M.sum()), int(Mn.sum())
     info = dict(kind="resize", target=name, label=t, factor=float(factor), expected_ratio=float(factor) ** 3,
                 voxels_before=before, voxels_after=after, volume_ratio=after / before,

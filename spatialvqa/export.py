@@ -143,7 +143,115 @@ def licence_text(licences: Mapping[str, str], name: str = NAME) -> str:
                       "keeps its source's licence. The code that made them (spatialvqa) is Apache-2.0.", "",
                       "| source | scans and licence |", "|:---|:---|", *[f"| {s} | {t} |" for s, t in licences.items()]]) + "\n"
 
+# %% ../nbs/46_export.ipynb #ab5ddc10
+def _card_front(n: int, name: str) -> list[str]:
+    "The card's YAML front matter: licence, task categories, tags, size and the parquet file as the default config."
+    size = "n<1K" if n < 1000 else "1K<n<10K" if n < 10_000 else "10K<n<100K"
+    return ["---", f"pretty_name: SpatialVQA Track A ({name})", "language:", "- en", "license: other",
+            f"license_name: {LICENCE_NAME}", "license_link: LICENSE.md",
+            "task_categories:", "- visual-question-answering", "- multiple-choice",
+            "tags:", "- medical", "- computed-tomography", "- 3d", "- spatial-reasoning", "- benchmark",
+            "size_categories:", f"- {size}", "configs:", "- config_name: default", "  data_files:",
+            "  - split: test", f"    path: {name}.parquet", "---", ""]
+
+def _card_intro(records: Sequence[dict], n: int) -> list[str]:
+    "What the benchmark is, and its composition by task."
+    scans = sorted({s for r in records for s in r["scan_ids"]})
+    return ["# SpatialVQA Track A: mask-grounded spatial questions on CT", "",
+            f"{n} questions about {len(scans)} CT scans, written from segmentation masks by `spatialvqa` and answered "
+            "by its spatial tools (volumes, distances, extents, directions in RAS+ world millimetres). Five tasks are "
+            "multiple choice with four options (DIR direction, DIST distance, EXT extent, VOL volume, COMP comparison) "
+            "and one is numeric (VOLEST volume estimation).", "",
+            markdown_table(_composition(records))]
+
+def _card_validation(summary: Mapping) -> list[str]:
+    "How the questions were filtered (the validate stage's `summary`)."
+    rb = summary.get("removed_by", {})
+    return ["## Validation", "",
+            f"Filtered from {summary.get('questions')} generated questions: {rb.get('plausibility', 0)} removed for "
+            f"implausible measurements, {rb.get('dedup', 0)} as near-duplicates, {rb.get('triviality', 0)} because "
+            "blind answerers (never shown the image) got them right "
+            f"(rule `{summary.get('settings', {}).get('rule')}` over {', '.join(summary.get('settings', {}).get('answerers', []))}). "
+            "See `results/benchmark/filter_report.md` of the compendium.", ""]
+
+# %% ../nbs/46_export.ipynb #7c1d7297
+def _card_fields(columns: Sequence[str] | None) -> list[str]:
+    "The table of the parquet's fields and what each means."
+    cols = list(columns or EXPORT_FIELDS)
+    notes = {**RECORD_FIELDS, **FIELD_NOTES}
+    body = ["## Fields", "", "| field | meaning |", "|:---|:---|"]
+    body += [f"| `{c}` | {notes.get(c, '').replace('|', '/')} |" for c in cols]
+    return body
+
+def _card_usage(name: str) -> list[str]:
+    "Loading the export (datasets, lmms-eval, VLMEvalKit) and how replies are scored."
+    return ["", "## Loading", "", "```python", "from datasets import load_dataset",
+            f'ds = load_dataset("parquet", data_files={{"test": "{name}.parquet"}})["test"]',
+            'ds = load_dataset("path/to/this/folder")["test"]          # the same, through the card\'s configs',
+            'ds[0]["views"]                                             # a list of PIL images', "```", "",
+            f"**lmms-eval** (from any working directory): `python -m lmms_eval --include_path <this folder>/lmms_eval "
+            f"--tasks {LMMS_TASK} --model ...`. The task's `data_files` is `../../{name}.parquet`, relative to the task "
+            "folder (lmms-eval >= 0.7.3 resolves a relative `data_files` there); its `utils.py` stops with an error when "
+            "that file is missing, and `doc_to_visual` gives every question its views (an error, never an empty list, "
+            "when a question has none).", "",
+            f"**VLMEvalKit**: copy `{name}.tsv` (multiple choice) and `{name}_numeric.tsv` (VOLEST) into `$LMUData` and run "
+            f"`python run.py --data {name} {name}_numeric --model ...`. Both follow its custom-dataset conventions: `index` "
+            "(unique across the two files), `question`, `A`-`D` and the letter `answer` (multiple choice), `category` "
+            "(task), `l2-category` (subtask), and `image`: the base64 PNG views, a list of them for several views "
+            "(VLMEvalKit writes them to files and shows them in order). VLMEvalKit scores the multiple-choice file itself; "
+            "for the numeric file its custom VQA dataset has no evaluator (it raises NotImplementedError), so run it with "
+            f"`--mode infer` and score its prediction file with the shipped `python vlmevalkit/spatialvqa_score.py "
+            f"<model>_{name}_numeric.xlsx` "
+            "(any of the two files' prediction tables: xlsx, tsv, csv), which prints per-task and overall scores read and "
+            "scored exactly as below.", "",
+            "## Scoring", "",
+            "Replies are read by `spatialvqa.parse` (a copy of its source is the lmms-eval task's `utils.py` and the "
+            "VLMEvalKit scorer); an answer that cannot be read scores 0. Multiple choice: accuracy of the option letter. "
+            "Numeric: Mean Relative Accuracy as VSI-Bench defines it and Table 2 computes it (`spatialvqa.stats.mra`), "
+            "the share of thresholds θ ∈ {0.50, 0.55, …, 0.95} with |pred − truth| / truth ≤ 1 − θ.", ""]
+
+# %% ../nbs/46_export.ipynb #c52c7959
 def _pct(x) -> str: return "-" if x is None or x != x else f"{100 * x:.1f}"
+
+def _card_letters(records: Sequence[dict]) -> list[str]:
+    "The correct letters per task, and whether a constant letter scores chance."
+    lc = letter_counts(records)
+    allrow = lc.iloc[-1]
+    balanced = bool((lc["spread"] <= 1).all())
+    return ["## Correct letters", "",
+            "Counted on this export, per task: " + ("every task's letters are balanced (counts differ by at most one), so "
+            "a constant letter scores about chance (0.25)." if balanced else
+            f"the letters are not balanced (largest spread {int(lc['spread'].max())} questions): answering always the "
+            f"most frequent letter scores {_pct(allrow['majority'])}% overall, not 25%."), "",
+            markdown_table(lc), ""]
+
+def _card_aggregates(aggregates: pd.DataFrame | None) -> list[str]:
+    "Table 2's MCA AVG beside the harnesses' means over questions, with the baselines' figures when given."
+    body = ["## Aggregates", "",
+            "The compendium's Table 2 reports **MCA AVG**, the mean of the five multiple-choice task accuracies (every "
+            "task weighs the same, whatever its number of questions), and **Volume MRA** (VOLEST). The harnesses average "
+            "over questions: lmms-eval's `mc_accuracy` and VLMEvalKit's `Overall` are the share of multiple-choice "
+            "questions answered right, `numeric_mra` the MRA over the numeric questions, and `score` the mean over all "
+            "questions (each multiple-choice 1/0, each numeric its MRA). Per-task numbers (`<TASK>_score`, VLMEvalKit's "
+            "per-category accuracy) are the same in both."]
+    if aggregates is not None and len(aggregates):
+        body += ["", "The baselines of the compendium, scored on this export by the shipped `utils.py` (percent):", "",
+                 markdown_table(aggregates)]
+    return body
+
+# %% ../nbs/46_export.ipynb #20d9e02f
+def _card_images(views_info: str | None, sources: Mapping[str, str] | None) -> list[str]:
+    "How the views and volumes are carried, and the sources' licences."
+    body = ["", "## Images", "",
+            "`views` embeds the rendered views of every question (PNG) as a sequence of `datasets` Images; the "
+            "VLMEvalKit files carry the same images in base64. "
+            + (f"They were rendered with {views_info}. " if views_info else "")
+            + "`images` keeps the path of each CT volume (NIfTI/NRRD) a question is about, relative to the compendium's "
+            "root, for 3D models run from the compendium; `label_maps` the masks the answers come from.", "",
+            "## Sources and licences", "",
+            f"`license: other` (`{LICENCE_NAME}`): each scan keeps its source's licence, listed in `LICENSE.md`:", ""]
+    body += [f"- {s}: {t}" for s, t in (sources or {}).items()] or ["- see the compendium's `data/` and `params.yaml`"]
+    return body
 
 def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | None = None,
                  sources: Mapping[str, str] | None = None, columns: Sequence[str] | None = None,
@@ -153,85 +261,11 @@ def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | N
     columns; `views_info`: a phrase saying how the views were rendered; `aggregates`: per baseline, Table 2's MCA AVG
     beside the harnesses' means over questions (`aggregate_table`)."""
     n = len(records)
-    size = "n<1K" if n < 1000 else "1K<n<10K" if n < 10_000 else "10K<n<100K"
-    front = ["---", f"pretty_name: SpatialVQA Track A ({name})", "language:", "- en", "license: other",
-             f"license_name: {LICENCE_NAME}", "license_link: LICENSE.md",
-             "task_categories:", "- visual-question-answering", "- multiple-choice",
-             "tags:", "- medical", "- computed-tomography", "- 3d", "- spatial-reasoning", "- benchmark",
-             "size_categories:", f"- {size}", "configs:", "- config_name: default", "  data_files:",
-             "  - split: test", f"    path: {name}.parquet", "---", ""]
-    scans = sorted({s for r in records for s in r["scan_ids"]})
-    body = ["# SpatialVQA Track A: mask-grounded spatial questions on CT", "",
-            f"{n} questions about {len(scans)} CT scans, written from segmentation masks by `spatialvqa` and answered "
-            "by its spatial tools (volumes, distances, extents, directions in RAS+ world millimetres). Five tasks are "
-            "multiple choice with four options (DIR direction, DIST distance, EXT extent, VOL volume, COMP comparison) "
-            "and one is numeric (VOLEST volume estimation).", "",
-            markdown_table(_composition(records))]
-    if summary:
-        rb = summary.get("removed_by", {})
-        body += ["## Validation", "",
-                 f"Filtered from {summary.get('questions')} generated questions: {rb.get('plausibility', 0)} removed for "
-                 f"implausible measurements, {rb.get('dedup', 0)} as near-duplicates, {rb.get('triviality', 0)} because "
-                 "blind answerers (never shown the image) got them right "
-                 f"(rule `{summary.get('settings', {}).get('rule')}` over {', '.join(summary.get('settings', {}).get('answerers', []))}). "
-                 "See `results/benchmark/filter_report.md` of the compendium.", ""]
-    cols = list(columns or EXPORT_FIELDS)
-    notes = {**RECORD_FIELDS, **FIELD_NOTES}
-    body += ["## Fields", "", "| field | meaning |", "|:---|:---|"]
-    body += [f"| `{c}` | {notes.get(c, '').replace('|', '/')} |" for c in cols]
-    body += ["", "## Loading", "", "```python", "from datasets import load_dataset",
-             f'ds = load_dataset("parquet", data_files={{"test": "{name}.parquet"}})["test"]',
-             'ds = load_dataset("path/to/this/folder")["test"]          # the same, through the card\'s configs',
-             'ds[0]["views"]                                             # a list of PIL images', "```", "",
-             f"**lmms-eval** (from any working directory): `python -m lmms_eval --include_path <this folder>/lmms_eval "
-             f"--tasks {LMMS_TASK} --model ...`. The task's `data_files` is `../../{name}.parquet`, relative to the task "
-             "folder (lmms-eval >= 0.7.3 resolves a relative `data_files` there); its `utils.py` stops with an error when "
-             "that file is missing, and `doc_to_visual` gives every question its views (an error, never an empty list, "
-             "when a question has none).", "",
-             f"**VLMEvalKit**: copy `{name}.tsv` (multiple choice) and `{name}_numeric.tsv` (VOLEST) into `$LMUData` and run "
-             f"`python run.py --data {name} {name}_numeric --model ...`. Both follow its custom-dataset conventions: `index` "
-             "(unique across the two files), `question`, `A`-`D` and the letter `answer` (multiple choice), `category` "
-             "(task), `l2-category` (subtask), and `image`: the base64 PNG views, a list of them for several views "
-             "(VLMEvalKit writes them to files and shows them in order). VLMEvalKit scores the multiple-choice file itself; "
-             "for the numeric file its custom VQA dataset has no evaluator (it raises NotImplementedError), so run it with "
-             f"`--mode infer` and score its prediction file with the shipped `python vlmevalkit/spatialvqa_score.py "
-             f"<model>_{name}_numeric.xlsx` "
-             "(any of the two files' prediction tables: xlsx, tsv, csv), which prints per-task and overall scores read and "
-             "scored exactly as below.", "",
-             "## Scoring", "",
-             "Replies are read by `spatialvqa.parse` (a copy of its source is the lmms-eval task's `utils.py` and the "
-             "VLMEvalKit scorer); an answer that cannot be read scores 0. Multiple choice: accuracy of the option letter. "
-             "Numeric: Mean Relative Accuracy as VSI-Bench defines it and Table 2 computes it (`spatialvqa.stats.mra`), "
-             "the share of thresholds θ ∈ {0.50, 0.55, …, 0.95} with |pred − truth| / truth ≤ 1 − θ.", ""]
-    lc = letter_counts(records)
-    allrow = lc.iloc[-1]
-    balanced = bool((lc["spread"] <= 1).all())
-    body += ["## Correct letters", "",
-             "Counted on this export, per task: " + ("every task's letters are balanced (counts differ by at most one), so "
-             "a constant letter scores about chance (0.25)." if balanced else
-             f"the letters are not balanced (largest spread {int(lc['spread'].max())} questions): answering always the "
-             f"most frequent letter scores {_pct(allrow['majority'])}% overall, not 25%."), "",
-             markdown_table(lc), ""]
-    body += ["## Aggregates", "",
-             "The compendium's Table 2 reports **MCA AVG**, the mean of the five multiple-choice task accuracies (every "
-             "task weighs the same, whatever its number of questions), and **Volume MRA** (VOLEST). The harnesses average "
-             "over questions: lmms-eval's `mc_accuracy` and VLMEvalKit's `Overall` are the share of multiple-choice "
-             "questions answered right, `numeric_mra` the MRA over the numeric questions, and `score` the mean over all "
-             "questions (each multiple-choice 1/0, each numeric its MRA). Per-task numbers (`<TASK>_score`, VLMEvalKit's "
-             "per-category accuracy) are the same in both."]
-    if aggregates is not None and len(aggregates):
-        body += ["", "The baselines of the compendium, scored on this export by the shipped `utils.py` (percent):", "",
-                 markdown_table(aggregates)]
-    body += ["", "## Images", "",
-             "`views` embeds the rendered views of every question (PNG) as a sequence of `datasets` Images; the "
-             "VLMEvalKit files carry the same images in base64. "
-             + (f"They were rendered with {views_info}. " if views_info else "")
-             + "`images` keeps the path of each CT volume (NIfTI/NRRD) a question is about, relative to the compendium's "
-             "root, for 3D models run from the compendium; `label_maps` the masks the answers come from.", "",
-             "## Sources and licences", "",
-             f"`license: other` (`{LICENCE_NAME}`): each scan keeps its source's licence, listed in `LICENSE.md`:", ""]
-    body += [f"- {s}: {t}" for s, t in (sources or {}).items()] or ["- see the compendium's `data/` and `params.yaml`"]
-    return "\n".join(front + body) + "\n"
+    body = _card_intro(records, n)
+    if summary: body += _card_validation(summary)
+    body += (_card_fields(columns) + _card_usage(name) + _card_letters(records) + _card_aggregates(aggregates)
+             + _card_images(views_info, sources))
+    return "\n".join(_card_front(n, name) + body) + "\n"
 
 def write_dataset_card(records: Sequence[dict], out: str | os.PathLike, name: str = NAME, summary: Mapping | None = None,
                        sources: Mapping[str, str] | None = None, columns: Sequence[str] | None = None,

@@ -40,7 +40,7 @@ PROMPT_STYLES: dict[str, Callable[[dict], str]] = {
 # How free-text (Track B) questions are answered, as upstream CT-SpatialVQA generated its published predictions:
 # at most 256 new tokens (benchmarking/inference/m3d/run_custom_eval.py L34, radfm/run_custom_eval.py L32,
 # medevalkit/run_custom_eval.py L61 at e25374c), greedy decoding (temperature <= 0 -> do_sample=False,
-# m3d/run_custom_eval.py L141-142). Each adapter takes the keys its constructor knows (`spatialvqa.models.infer`).
+# m3d/run_custom_eval.py L141-142). Each adapter takes the keys its constructor knows (`spatialvqa.models.commands.infer`).
 FREE_TEXT_GENERATION = {"max_new_tokens": 256, "max_tokens": 256, "temperature": 0.0, "do_sample": False}
 
 def build_prompt(record: dict, style: str = "default") -> str:

@@ -269,7 +269,7 @@ def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: 
 
 def _seed_chunk(task: tuple) -> list:
     "`seeded_answers` of one model over one contiguous range of its seeds: `(name, entry, records, start, n)`."
-    from spatialvqa.models import seeded_answers
+    from spatialvqa.models.commands import seeded_answers
     name, entry, records, start, n = task
     return list(seeded_answers(name, entry, records, n, start=start)) if n else []
 
@@ -297,7 +297,7 @@ def seed_draws_by_infer(benchmark: str | os.PathLike, entries: Mapping[str, Mapp
     back and scored by `scoring.score_predictions`. Slow (the benchmark read and the prompts made again for every
     run, every answer written to disk); kept to show that `seed_draws` gives the same values."""
     import tempfile
-    from spatialvqa.models import infer, model_entry
+    from spatialvqa.models.commands import infer, model_entry
     records = read_jsonl(benchmark)
     frames = []
     for name, entry in entries.items():

@@ -17,7 +17,7 @@ import numpy as np
 
 from .core import get_logger, stable_hash
 from .questions.core import LETTERS
-from .models import BaseAdapter, ModelInput, PredictionError, register
+from .models.protocol import BaseAdapter, ModelInput, PredictionError, register
 from .prompt import build_prompt
 from .views import preset
 

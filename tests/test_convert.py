@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 from spatialvqa.anatomy import NAME_TO_ID
-from spatialvqa.convert import (AMOS_LABELS, CONVERTERS, add_cli, check_datasets, convert, convert_amos, convert_datasets,
-                                convert_kits, convert_msd, convert_totalsegmentator, label_mapping,
-                                match_label_name, split_kidneys)
+from spatialvqa.convert.amos import AMOS_LABELS, convert_amos
+from spatialvqa.convert.commands import add_cli
+from spatialvqa.convert.datasets import CONVERTERS, check_datasets, convert, convert_datasets
+from spatialvqa.convert.kits import convert_kits, split_kidneys
+from spatialvqa.convert.labels import label_mapping, match_label_name
+from spatialvqa.convert.msd import convert_msd
+from spatialvqa.convert.totalsegmentator import convert_totalsegmentator
 from spatialvqa.scan import Volume, read_labels, write_volume
 
 SHAPE = (16, 16, 8)

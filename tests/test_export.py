@@ -271,7 +271,8 @@ def test_lmms_eval_task_fails_loudly(kept, out, tmp_path, monkeypatch):
 def test_process_results_equals_the_project_for_every_baseline(kept, out, tmp_path, monkeypatch):
     """Every baseline adapter (random, prior, blind_text, oracle) answers the benchmark; the exported utils.py, loaded from a
     foreign working directory, scores each reply exactly as spatialvqa.scoring does (and the numbers are not all equal)."""
-    from spatialvqa.models import make_adapter, run_inference
+    from spatialvqa.models.registry import make_adapter
+    from spatialvqa.models.run import run_inference
     from spatialvqa.scoring import score_predictions
     d, p = out
     preds = {}

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spatialvqa import models as M
+from spatialvqa.models.commands import model_entry
+from spatialvqa.models.registry import make_adapter
+from spatialvqa.models.run import _Lock, lock_path, partial_path, run_inference
 from spatialvqa.cli import main
 from spatialvqa.core import SecretOptionError, read_jsonl, write_jsonl
 
@@ -130,29 +132,29 @@ def test_infer_finishing_keeps_other_configs_partial(tmp_path, capsys):
     b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
     # an interrupted run of seed 1: three answers in the partial log, nothing in `out`
     other = tmp_path / "other.jsonl"
-    M.run_inference(M.make_adapter("random", {"seed": 1}), read_jsonl(b)[:3], other)
-    write_jsonl(read_jsonl(other), M.partial_path(out))
+    run_inference(make_adapter("random", {"seed": 1}), read_jsonl(b)[:3], other)
+    write_jsonl(read_jsonl(other), partial_path(out))
     assert run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out, "--config", "seed=0")[0] == 0
-    assert len(read_jsonl(M.partial_path(out))) == 3                          # seed 1's partial rows are still there
-    s = M.run_inference(M.make_adapter("random", {"seed": 1}), read_jsonl(b), out)
-    assert (s.skipped, s.answered) == (3, 3) and not M.partial_path(out).exists()
+    assert len(read_jsonl(partial_path(out))) == 3                          # seed 1's partial rows are still there
+    s = run_inference(make_adapter("random", {"seed": 1}), read_jsonl(b), out)
+    assert (s.skipped, s.answered) == (3, 3) and not partial_path(out).exists()
     assert len(read_jsonl(out)) == 12
 
 
 def test_infer_concurrent_run_is_status_2(tmp_path, capsys):
     b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
-    with M._Lock(M.lock_path(out)):
+    with _Lock(lock_path(out)):
         rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", out)
     assert rc == 2 and "another run is writing this output" in err and "p.jsonl" in err
 
 
 def test_infer_lock_file_is_never_removed_while_held(tmp_path):
     b, out = _bench(tmp_path / "b.jsonl"), tmp_path / "p.jsonl"
-    lock = M.lock_path(out)
-    with M._Lock(lock) as held:
+    lock = lock_path(out)
+    with _Lock(lock) as held:
         assert lock.exists()
         ino = os.fstat(held.f.fileno()).st_ino
-    M.run_inference(M.make_adapter("random"), read_jsonl(b), out)
+    run_inference(make_adapter("random"), read_jsonl(b), out)
     assert lock.exists() and os.stat(lock).st_ino == ino                       # the same file: never deleted and re-made
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.jsonl", "p.jsonl"]   # nothing beside the outputs
 
@@ -238,7 +240,7 @@ def test_api_key_in_params_yaml_is_refused(tmp_path, capsys):
     ("validate.llm", lambda cfg: __import__("spatialvqa.validate.answerers", fromlist=["x"]).LLMAnswerer(cfg)),
     ("ctsvqa_score.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
     ("ctsvqa_generate.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
-    ("infer.models.x", lambda cfg: M.model_entry("x", {"adapter": "openai", "config": cfg})),
+    ("infer.models.x", lambda cfg: model_entry("x", {"adapter": "openai", "config": cfg})),
 ])
 def test_api_key_in_every_llm_config_section_is_refused(section, read):
     for cfg in ({"backend": "openai", "model": "m", "api_key": KEY}, {"backend": "openai", "model": "m", "extra_body": {"Token": KEY}}):
@@ -862,7 +864,7 @@ def test_i23_simpleitk_opens_every_label_map_the_pipeline_writes(tmp_path):
     TotalSegmentator's example), of the phantom cohort and of the counterfactual copies all open in SimpleITK, with
     the geometry spatialvqa reads within 1e-4 mm."""
     import SimpleITK as sitk
-    from spatialvqa.convert import convert
+    from spatialvqa.convert.datasets import convert
     from spatialvqa.counterfactual import make_counterfactuals
     from spatialvqa.phantom.cohort import make_cohort
     from spatialvqa.scan import read_labels

@@ -19,7 +19,7 @@ def notebook_order(nbs: Path = ROOT / "nbs") -> dict[str, tuple[tuple[int, ...],
     """Module name -> (number, notebook), from the `#| default_exp` of every numbered library notebook. A subpackage's
     notebooks sit in a numbered folder (`24_validate/01_answerers.ipynb`: number (24, 1)), read in its order."""
     out: dict[str, tuple[tuple[int, ...], str]] = {}
-    for p in sorted([*nbs.glob("[0-9]*.ipynb"), *nbs.glob("[0-9]*/[0-9]*.ipynb")]):
+    for p in load_script("scripts/nb_style.py").library_notebooks(nbs):
         rel = p.relative_to(nbs).with_suffix("")
         number = tuple(int(re.match(r"\d+", part).group()) for part in rel.parts)
         for c in json.loads(p.read_text())["cells"]:

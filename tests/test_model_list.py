@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from spatialvqa.models import scored_models
+from spatialvqa.models.commands import scored_models
 from test_pipeline_ownership import ROOT, declared, owns, stages
 
 FAKE = {"adapter": "openai", "representation": "three_views",

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from spatialvqa.anatomy import TARGETS
-from spatialvqa.convert import convert_openkbp
+from spatialvqa.convert.openkbp import convert_openkbp
 from spatialvqa.core import load_params, shared_data, write_json
 from spatialvqa.measure import measure_manifests
 from spatialvqa.questions.core import Margins

@@ -35,7 +35,7 @@ def notebooks() -> dict[str, str]:
     "Library notebook stem -> the module it exports (`#| default_exp`)."
     out = {}
     nbs = ROOT / "nbs"
-    for p in sorted([*nbs.glob("[0-9]*.ipynb"), *nbs.glob("[0-9]*/[0-9]*.ipynb")]):
+    for p in load_script("scripts/nb_style.py").library_notebooks(nbs):
         for c in json.loads(p.read_text())["cells"]:
             m = re.match(r"#\|\s*default_exp\s+(\S+)", "".join(c["source"]).strip())
             if c["cell_type"] == "code" and m: out[str(p.relative_to(nbs).with_suffix(""))] = m.group(1); break

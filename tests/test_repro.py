@@ -31,7 +31,7 @@ from spatialvqa.ctsvqa.metrics import text_metrics
 m = text_metrics(["The liver is enlarged.", "No lesion in the left kidney.", "right lung"],
                  ["Hepatomegaly.", "The left kidney has no lesion.", "In the right lung."], meteor=False)
 write_json(m, out / "text_metrics.json", digits=RESULT_DIGITS)
-from spatialvqa.models import ModelInput
+from spatialvqa.models.protocol import ModelInput
 from spatialvqa.vlm import Probe, toy_probe_records, toy_extractor
 from spatialvqa.embed import sbert_embed
 toy = toy_probe_records(out / "toy")

@@ -204,7 +204,7 @@ def test_cli_refuses_a_faulty_rtstruct(fault, tmp_path):
 
 
 def test_faulty_reject_converts_the_others(tmp_path):
-    from spatialvqa.convert import convert_rtstruct
+    from spatialvqa.convert.rtstruct import convert_rtstruct
     _other_series(tmp_path / "src")
     patient(tmp_path / "src" / "P0", {"Lung-Left": [square(1, 2.5, 6.5)], "Heart_PRV": [square(2, 8.5, 10.5)]})
     recs = convert_rtstruct(tmp_path / "src", tmp_path / "out", workers=0, faulty="reject")

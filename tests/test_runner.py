@@ -1,4 +1,4 @@
-"""The resumable runner (spatialvqa.models.run_inference / `spatialvqa infer`): killed with SIGKILL or interrupted
+"""The resumable runner (spatialvqa.models.run.run_inference / `spatialvqa infer`): killed with SIGKILL or interrupted
 with SIGINT mid-run and restarted, every qid ends up exactly once and no finished record is asked again; a lost
 HTTP server leaves error records that a rerun completes; failing records are written with their error."""
 import os
@@ -10,14 +10,17 @@ from collections import Counter
 
 import pytest
 
-from spatialvqa import models as M
+from spatialvqa.models.commands import infer
+from spatialvqa.models.protocol import ModelInput
+from spatialvqa.models.registry import make_adapter
+from spatialvqa.models.run import PREDICTION_FIELDS, _Lock, lock_path, partial_path, run_inference
 from spatialvqa.questions.tables import with_rotations
 from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.llm import FakeOpenAIServer
 
 N = 40
 # the console script's `infer` subcommand, independent of which plugins spatialvqa.cli registers
-CLI = ("import argparse, sys; from spatialvqa.models import add_cli; p = argparse.ArgumentParser(); "
+CLI = ("import argparse, sys; from spatialvqa.models.commands import add_cli; p = argparse.ArgumentParser(); "
        "add_cli(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
 
 
@@ -58,14 +61,14 @@ def _check_resumed(bench, out, calls, finished_before):
     rows = read_jsonl(out)
     assert Counter(r["qid"] for r in rows) == Counter(r["qid"] for r in read_jsonl(bench))       # every qid exactly once
     assert all(r["error"] is None and r["raw"] for r in rows)
-    assert not M.partial_path(out).exists() and not out.with_name(out.name + ".partial.lock").exists()
+    assert not partial_path(out).exists() and not out.with_name(out.name + ".partial.lock").exists()
     log = read_jsonl(calls)
     pids = list(dict.fromkeys(c["pid"] for c in log))
     second = [c["qid"] for c in log if c["pid"] == pids[-1]]
     assert not set(second) & finished_before                    # nothing finished was asked again
     assert len(second) == len(set(second))                      # nothing asked twice in the rerun
     # the same answers as an uninterrupted run (the random baseline is deterministic per qid)
-    ref = M.make_adapter("random").predict([M.ModelInput(r, "") for r in read_jsonl(bench)])
+    ref = make_adapter("random").predict([ModelInput(r, "") for r in read_jsonl(bench)])
     assert [r["raw"] for r in rows] == ref
 
 
@@ -73,12 +76,12 @@ def _check_resumed(bench, out, calls, finished_before):
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, bench, sig):
     out, calls = tmp_path / "pred" / "random.jsonl", tmp_path / "calls.jsonl"
     p = _start(bench, out, calls, delay=0.05)
-    _wait_for(M.partial_path(out), 10, p)
+    _wait_for(partial_path(out), 10, p)
     p.send_signal(sig)
     rc = p.wait(timeout=30)
     assert rc == (-signal.SIGKILL if sig == signal.SIGKILL else 130), p.communicate()
     assert not out.exists()                                     # not complete: only the partial log
-    done = read_jsonl(M.partial_path(out))
+    done = read_jsonl(partial_path(out))
     assert 10 <= len(done) < N and len({r["key"] for r in done}) == len(done)
     p2 = _start(bench, out, calls, delay=0)
     assert p2.wait(timeout=60) == 0, p2.communicate()
@@ -88,10 +91,10 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, bench, sig):
 def test_torn_last_line_is_tolerated(tmp_path, bench):
     out = tmp_path / "random.jsonl"
     recs = read_jsonl(bench)
-    M.run_inference(M.make_adapter("random"), recs[:5], out)
-    part = M.partial_path(out)
+    run_inference(make_adapter("random"), recs[:5], out)
+    part = partial_path(out)
     part.write_text(out.read_text() + '{"qid": "mc05", "key": "mc05@')      # a writer killed mid-line
-    s = M.run_inference(M.make_adapter("random"), recs, out)
+    s = run_inference(make_adapter("random"), recs, out)
     assert (s.skipped, s.answered, s.complete) == (5, N - 5, True)
     assert Counter(r["qid"] for r in read_jsonl(out, strict=True)) == Counter(r["qid"] for r in recs)
 
@@ -104,17 +107,17 @@ def test_lost_server_records_errors_then_rerun_completes(tmp_path, bench):
         def inputs(record, prompt):                              # the server goes away after 12 records
             seen.append(record["qid"])
             if len(seen) == 13: srv.__exit__(None, None, None)
-            return M.ModelInput(record, prompt)
-        a = M.make_adapter("openai", {**cfg, "base_url": srv.base_url})
-        s = M.run_inference(a, recs, out, inputs, batch_size=4, max_retries=1, retry_wait=0.01)
+            return ModelInput(record, prompt)
+        a = make_adapter("openai", {**cfg, "base_url": srv.base_url})
+        s = run_inference(a, recs, out, inputs, batch_size=4, max_retries=1, retry_wait=0.01)
         srv.__enter__()                                          # (restarted only so that the context manager can close it)
     rows = read_jsonl(out)
     assert len(rows) == N and s.errors == N - 12 and s.complete      # complete: every qid has a row, some with errors
     assert all("cannot connect" in r["error"] or "connection" in r["error"].lower() for r in rows if r["error"])
     assert all(r["attempts"] >= 2 for r in rows if r["error"])
     with FakeOpenAIServer(reply=lambda body: "B") as srv2:       # back, on another port: same keys (base_url is runtime)
-        a2 = M.make_adapter("openai", {**cfg, "base_url": srv2.base_url})
-        s2 = M.run_inference(a2, recs, out, batch_size=4)
+        a2 = make_adapter("openai", {**cfg, "base_url": srv2.base_url})
+        s2 = run_inference(a2, recs, out, batch_size=4)
     assert (s2.skipped, s2.answered, s2.errors) == (12, N - 12, 0)
     assert len(srv2.requests) == N - 12
     rows = read_jsonl(out)
@@ -123,34 +126,34 @@ def test_lost_server_records_errors_then_rerun_completes(tmp_path, bench):
 
 def test_keys_follow_model_prompt_and_decoding(tmp_path, bench):
     recs, out = read_jsonl(bench)[:6], tmp_path / "p.jsonl"
-    base = M.run_inference(M.make_adapter("random", {"seed": 0}), recs, out)
-    again = M.run_inference(M.make_adapter("random", {"seed": 0, "delay": 0.0}), recs, out)   # runtime option: same key
+    base = run_inference(make_adapter("random", {"seed": 0}), recs, out)
+    again = run_inference(make_adapter("random", {"seed": 0, "delay": 0.0}), recs, out)   # runtime option: same key
     assert again.skipped == 6 and again.config_hash == base.config_hash
     for kw in ({"prompt_style": "radiologist"},):
-        assert M.run_inference(M.make_adapter("random", {"seed": 0}), recs, out, **kw).answered == 6
-    assert M.run_inference(M.make_adapter("random", {"seed": 1}), recs, out).answered == 6
+        assert run_inference(make_adapter("random", {"seed": 0}), recs, out, **kw).answered == 6
+    assert run_inference(make_adapter("random", {"seed": 1}), recs, out).answered == 6
     rows = read_jsonl(out)                                     # every configuration's rows are kept, one per key
     assert len(rows) == 18 and len({r["key"] for r in rows}) == 18 and len({r["config_hash"] for r in rows}) == 3
     assert all(r["key"].startswith(r["qid"] + "@") for r in rows)
-    assert set(M.PREDICTION_FIELDS) <= set(rows[0])
+    assert set(PREDICTION_FIELDS) <= set(rows[0])
 
 
 def test_repeated_qid_and_concurrent_runs_are_refused(tmp_path, bench):
     recs = read_jsonl(bench)
     with pytest.raises(ValueError, match="repeats the qid 'mc00'"):
-        M.run_inference(M.make_adapter("random"), recs + recs[:1], tmp_path / "x.jsonl")
+        run_inference(make_adapter("random"), recs + recs[:1], tmp_path / "x.jsonl")
     out = tmp_path / "busy.jsonl"
-    with M._Lock(M.lock_path(out)):
+    with _Lock(lock_path(out)):
         with pytest.raises(ValueError, match="another run is writing this output"):
-            M.run_inference(M.make_adapter("random"), recs, out)
+            run_inference(make_adapter("random"), recs, out)
 
 
 def test_failing_inputs_are_written_with_their_error(tmp_path, bench):
     recs = read_jsonl(bench)[:5]
     def inputs(record, prompt):
         if record["qid"] == "mc02": raise FileNotFoundError("image.nii.gz: no such file")
-        return M.ModelInput(record, prompt)
-    s = M.run_inference(M.make_adapter("random"), recs, tmp_path / "p.jsonl", inputs)
+        return ModelInput(record, prompt)
+    s = run_inference(make_adapter("random"), recs, tmp_path / "p.jsonl", inputs)
     rows = {r["qid"]: r for r in read_jsonl(tmp_path / "p.jsonl")}
     assert len(rows) == 5 and s.errors == 1 and "no such file" in rows["mc02"]["error"] and rows["mc02"]["raw"] is None
 
@@ -167,13 +170,13 @@ def phantom_bench(two_phantoms):
 def test_circular_run_answers_rotations_and_resumes(tmp_path):
     bench, out = tmp_path / "bench.jsonl", tmp_path / "random.jsonl"
     write_jsonl([dict(r, answer_letter="A", answer="A") if r["format"] == "mc" else r for r in _records()], bench)
-    plain = M.infer("random", bench, out, {})
+    plain = infer("random", bench, out, {})
     assert plain.total == N
-    s = M.infer("random", bench, out, {"circular": True})                    # switched on later: only the rotations are asked
+    s = infer("random", bench, out, {"circular": True})                    # switched on later: only the rotations are asked
     assert (s.total, s.skipped, s.answered) == (N + 3 * (N - 10), N, 3 * (N - 10))
     rows = {r["qid"]: r for r in read_jsonl(out)}
     assert {f"mc00#rot{k}" for k in (1, 2, 3)} <= set(rows) and "num00#rot1" not in rows
-    again = M.infer("random", bench, out, {"circular": True})
+    again = infer("random", bench, out, {"circular": True})
     assert (again.skipped, again.answered) == (s.total, 0)
 
 
@@ -181,7 +184,7 @@ def test_oracle_is_right_under_every_rotation(tmp_path, phantom_bench):
     from spatialvqa.scoring import circular_eval, score_predictions
     recs, f = phantom_bench
     out = tmp_path / "oracle.jsonl"
-    s = M.infer("oracle", f, out, {"circular": True})
+    s = infer("oracle", f, out, {"circular": True})
     mc = sum(r["format"] == "mc" for r in recs)
     assert s.total == len(recs) + 3 * mc and s.errors == 0
     scored = score_predictions(with_rotations(recs), read_jsonl(out), "oracle")
@@ -193,7 +196,7 @@ def test_oracle_is_right_under_every_rotation(tmp_path, phantom_bench):
 @pytest.mark.parametrize("name", ["prior", "blind_text"])
 def test_cross_fitted_answers_unchanged_by_rotations(phantom_bench, name):
     recs, _ = phantom_bench
-    plain, circ = M.make_adapter(name, {"seed": 0}), M.make_adapter(name, {"seed": 0})
+    plain, circ = make_adapter(name, {"seed": 0}), make_adapter(name, {"seed": 0})
     plain.prepare(recs)
     circ.prepare(with_rotations(recs))
     assert {q: circ._preds[q] for q in plain._preds} == plain._preds            # never trained on the rotated copies

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from spatialvqa.convert import convert_phantom
+from spatialvqa.convert.phantom import convert_phantom
 from spatialvqa.core import write_json
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom.cohort import make_cohort

@@ -31,7 +31,7 @@ def test_every_stage_lists_the_closure_of_its_notebook():
 
 def test_lazy_and_plugin_imports_count():
     g = SD.module_graph()
-    assert "vlm" in g["models"]                       # an adapter module loaded through the entry-point group
+    assert "vlm" in g["models.registry"]              # an adapter module loaded through the entry-point group
     assert "agents" in g["validate.answerers"]       # the specialists, through theirs
     assert "inflate" in SD.closure({"measure"}, g)    # imported inside a function
 
@@ -43,6 +43,17 @@ def test_the_check_fails_when_a_module_is_removed(tmp_path):
     assert cut != text
     gone = SD.missing(_root_with(tmp_path, cut))
     assert "inflate" in gone.get(stage, []), gone
+
+
+def test_a_subpackage_folder_covers_its_modules(tmp_path):
+    "A stage that runs every module of a subpackage lists its folder (`spatialvqa/questions`); without it, it misses them."
+    text, modules = (ROOT / "dvc.yaml").read_text(), set(SD.module_graph())
+    stage = next(s for s, mods in SD.needed().items() if "spatialvqa/questions" in SD.code_deps(mods, modules))
+    sub = {m for m in modules if m.startswith("questions.")}
+    assert len(sub) > 5 and sub <= SD.declared(SD.stages()[stage], modules)[0]
+    cut = "".join(l for l in text.splitlines(keepends=True) if l.strip() != "- spatialvqa/questions")
+    assert cut != text
+    assert sub <= set(SD.missing(_root_with(tmp_path, cut)).get(stage, []))
 
 
 def test_touching_a_module_a_stage_runs_makes_it_changed(tmp_path):

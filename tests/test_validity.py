@@ -30,7 +30,7 @@ from spatialvqa.questions.generate import generate_questions, parse_budget
 from spatialvqa.validate import answerers as VA, chance as VC, pipeline as VP
 from spatialvqa import counterfactual as CF
 from spatialvqa.anatomy import typical_volume
-from spatialvqa.convert import convert_datasets
+from spatialvqa.convert.datasets import convert_datasets
 from spatialvqa.core import load_params, shared_data
 from spatialvqa.measure import Structure, measure_manifests
 from spatialvqa.recheck import recheck

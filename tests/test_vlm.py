@@ -11,7 +11,8 @@ import pytest
 import transformers
 
 from spatialvqa import vlm
-from spatialvqa.models import ADAPTERS, ModelInput, hashed_config, make_adapter
+from spatialvqa.models.protocol import ADAPTERS, ModelInput, hashed_config
+from spatialvqa.models.registry import make_adapter
 from spatialvqa.prompt import build_prompt
 from spatialvqa.phantom.subject import make_subject
 from spatialvqa.scan import write_volume
@@ -193,9 +194,9 @@ def test_registry_names():
 
 
 def test_runner_integration(inputs, tmp_path):
-    "The tiny Qwen2.5-VL and the probe through `spatialvqa.models.run_inference` (resumable JSONL, prediction keys)."
+    "The tiny Qwen2.5-VL and the probe through `spatialvqa.models.run.run_inference` (resumable JSONL, prediction keys)."
     from spatialvqa.core import read_jsonl
-    from spatialvqa.models import run_inference
+    from spatialvqa.models.run import run_inference
     model, tok, ip = vlm.tiny_qwen_vl("2.5")
     a = vlm.Qwen25VL(model=model, tokenizer=tok, image_processor=ip, max_new_tokens=2)
     by_qid = {i.record["qid"]: i for i in inputs}

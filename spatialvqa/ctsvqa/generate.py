@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -214,28 +214,14 @@ def _sentence(s: str) -> str:
     s = " ".join(s.split()).strip(" ,;")
     return _cap(s) + ("" if s.endswith((".", "?", "!")) else ".")
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #d01df1cc
 def _join(xs: Sequence[str]) -> str:
     xs = list(xs)
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
-def qa_from_fact(fact: dict) -> list[dict]:
-    "Candidate QA pairs (`template`, `question`, `answer`) for one fact, best first."
-    f, be, out = fact["finding"], _be(fact), []
-    the = f"the {f}"
-    organ, side = fact.get("organ"), fact.get("side")
-    def add(template, q, a): out.append(dict(template=template, question=_cap(q), answer=_sentence(a)))
-    if fact.get("location"):
-        add("where", f"Where {be} {the} located?", f"In {fact['location']}")
-    pleural = re.search(r"effusion|pneumothorax|pleural", f)
-    if side in ("right", "left") and (pleural or organ == "hemithorax"):
-        add("which_side", f"On which side {be} {the}?", f"On the {side}")
-    elif side in ("right", "left") and organ in PAIRED_ORGANS:
-        add("which_side", f"Which {organ} contains {the}?", f"The {side} {organ}")
-    if side == "both" and (organ in PAIRED_ORGANS or pleural):
-        plural_organ = "hemithoraces" if pleural else {"axilla": "axillae"}.get(organ, organ + "s")
-        add("uni_bilateral", f"{_cap(be)} {the} unilateral or bilateral?", f"Bilateral, in both {plural_organ}")
-    if fact.get("prominent"):
-        add("prominent_side", f"On which side {be} {the} more prominent?", f"On the {fact['prominent']}")
+def _qa_lobes(fact: dict, add: Callable, be: str, the: str) -> None:
+    "Which lung lobe(s), upper or lower, which hepatic lobe, which segment(s)."
+    side = fact.get("side")
     if fact.get("lobes"):
         lobes = fact["lobes"]
         bare = [l for l in lobes if not l.startswith(("right", "left")) and l != "lingula"]
@@ -255,6 +241,26 @@ def qa_from_fact(fact: dict) -> list[dict]:
         where = f" of the {fact['lobes'][0]}" if len(fact.get("lobes") or []) == 1 and fact["lobes"][0] != "lingula" else ""
         add("segment", f"Which segment{'s' if len(segs) > 1 else ''}{where} {'contain' if len(segs) > 1 else 'contains'} {the}?",
             f"The {_join(segs)} segment{'s' if len(segs) > 1 else ''}")
+
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #5e75f4ba
+def _qa_where_side(fact: dict, add: Callable, be: str, the: str) -> None:
+    "Where the finding is, on which side (pleural findings, paired organs), whether unilateral, and where more prominent."
+    f, organ, side = fact["finding"], fact.get("organ"), fact.get("side")
+    if fact.get("location"):
+        add("where", f"Where {be} {the} located?", f"In {fact['location']}")
+    pleural = re.search(r"effusion|pneumothorax|pleural", f)
+    if side in ("right", "left") and (pleural or organ == "hemithorax"):
+        add("which_side", f"On which side {be} {the}?", f"On the {side}")
+    elif side in ("right", "left") and organ in PAIRED_ORGANS:
+        add("which_side", f"Which {organ} contains {the}?", f"The {side} {organ}")
+    if side == "both" and (organ in PAIRED_ORGANS or pleural):
+        plural_organ = "hemithoraces" if pleural else {"axilla": "axillae"}.get(organ, organ + "s")
+        add("uni_bilateral", f"{_cap(be)} {the} unilateral or bilateral?", f"Bilateral, in both {plural_organ}")
+    if fact.get("prominent"):
+        add("prominent_side", f"On which side {be} {the} more prominent?", f"On the {fact['prominent']}")
+
+def _qa_position(fact: dict, add: Callable, be: str, the: str) -> None:
+    "Central or peripheral, anterior or posterior, and the finding's relations (adjacent, relative position, level, extent, confinement)."
     zone = fact.get("zone") or []
     cp = [z for z in zone if re.match(r"(subpleural|peripher|central|perihilar|paramediastinal|centrilobular|paraseptal)", z)]
     if cp:
@@ -272,6 +278,17 @@ def qa_from_fact(fact: dict) -> list[dict]:
         elif kind == "level": add("level", f"At what level {be} {the}?", f"At the level of the {tgt}")
         elif kind == "extends": add("extent", f"Where {'do' if fact['plural'] else 'does'} {the} extend?", f"{_cap(detail or 'to')} the {tgt}")
         elif kind == "confined": add("confined", f"To what {be} {the} confined?", f"To the {tgt}")
+
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #946b179c
+def qa_from_fact(fact: dict) -> list[dict]:
+    "Candidate QA pairs (`template`, `question`, `answer`) for one fact, best first."
+    f, be, out = fact["finding"], _be(fact), []
+    the = f"the {f}"
+    organ = fact.get("organ")
+    def add(template, q, a): out.append(dict(template=template, question=_cap(q), answer=_sentence(a)))
+    _qa_where_side(fact, add, be, the)
+    _qa_lobes(fact, add, be, the)
+    _qa_position(fact, add, be, the)
     dist = [d for d in fact.get("distribution") or [] if d != "patchy"]
     if dist:
         d = dist[0].replace("diffusely", "diffuse").replace("localized", "focal")

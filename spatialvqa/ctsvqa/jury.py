@@ -245,84 +245,7 @@ def jury_of(verdicts: Sequence[bool | None], threshold: float = JURY_THRESHOLD) 
     avg = jury_average(votes)
     return avg, None if avg is None else avg >= threshold
 
-@dataclasses.dataclass
-class JudgeSummary:
-    "What a judging run did."
-    total: int              # questions
-    judges: list            # judge names
-    asked: int              # (question, judge) verdicts requested now
-    skipped: int            # ... already in the log of an earlier run
-    malformed: int          # replies without a readable verdict (errors, never votes)
-    failed: int             # calls that raised (retried by the next run)
-    judged: int             # questions with at least one valid verdict
-    jury_accuracy: float    # share of the judged questions the jury calls correct
-    complete: bool
-    out: str
-
-def judge_predictions(items: Sequence[Mapping], judges: Sequence, out: str | os.PathLike, batch_size: int = 16,
-                      threshold: float = JURY_THRESHOLD, max_tokens: int = JUDGE_MAX_TOKENS) -> JudgeSummary:
-    """Judge every item (`qid`, `question`, `answer`, `prediction`) with every judge (`spatialvqa.llm` LLMs) into `out`:
-    one row per qid (`verdicts`, `reasons`, `errors` by judge, `average`, `jury`). Every verdict is first appended to
-    `<out>.partial`, so a killed run resumes where it stopped, asking nothing twice."""
-    out, items = Path(out), list(items)
-    if len({str(i["qid"]) for i in items}) != len(items): raise ValueError("the predictions repeat a qid")
-    names = [judge_name(j) for j in judges]
-    if len(set(names)) != len(names): raise ValueError(f"two judges share a name ({', '.join(names)}); give them labels")
-    log_path = out.with_name(out.name + ".partial")
-    prompts = {str(i["qid"]): judge_prompt(i) for i in items}
-    keys = {(q, n): _judge_row_key(j, p) for q, p in prompts.items() for j, n in zip(judges, names)}
-    asked = skipped = malformed = failed = 0
-    with _exclusive(log_path.with_name(log_path.name + ".lock")) as lock:
-        prior = _from_output(_read_rows(out))                  # a finished earlier run: its verdicts are in `out` itself
-        old = [r for r in prior + _read_rows(log_path) if r.get("key") == keys.get((r.get("qid"), r.get("judge")))]
-        done = {(r["qid"], r["judge"]) for r in old if r.get("final")}
-        for j, n in zip(judges, names):
-            todo = [q for q in prompts if (q, n) not in done]
-            skipped += len(prompts) - len(todo)
-            for s in progress(range(0, len(todo), batch_size), total=-(-len(todo) // max(1, batch_size)), desc=f"judge {n}"):
-                chunk = todo[s:s + batch_size]
-                try:
-                    replies = j.generate([prompts[q] for q in chunk], max_tokens=max_tokens, temperature=0.0,
-                                         json_mode=True, system=JUDGE_SYSTEM)
-                    if len(replies) != len(chunk): raise RuntimeError(f"{len(replies)} replies for {len(chunk)} prompts")
-                except (KeyboardInterrupt, SystemExit): raise
-                except Exception as e:
-                    replies = [_ask_one(j, prompts[q], max_tokens) for q in chunk] if len(chunk) > 1 else [e]
-                rows = []
-                for q, raw in zip(chunk, replies):
-                    asked += 1
-                    if isinstance(raw, BaseException):   # no reply: a replay miss is final (an error), a failed call is asked again
-                        final = type(raw).__name__ == "CacheMiss"
-                        failed += not final; malformed += final
-                        rows.append(dict(qid=q, judge=n, key=keys[q, n], verdict=None, reason=None, raw=None,
-                                         error=f"{type(raw).__name__}: {raw}", final=final))
-                        continue
-                    v = parse_verdict(raw)
-                    malformed += v["error"] is not None
-                    rows.append(dict(qid=q, judge=n, key=keys[q, n], raw=raw, final=True, **v))
-                _append_rows(rows, log_path)       # one flush to disk per batch
-        latest: dict[tuple, dict] = {}
-        for r in prior + _read_rows(log_path):
-            k = (r.get("qid"), r.get("judge"))
-            if r.get("key") == keys.get(k) and (r.get("final") or k not in latest or not latest[k].get("final")): latest[k] = r
-        rows = []
-        for i in items:
-            q = str(i["qid"])
-            got = {n: latest.get((q, n), {}) for n in names}
-            avg, jury = jury_of([got[n].get("verdict") for n in names], threshold)
-            rows.append(dict(qid=q, question=judgment_key(i)[0], answer=judgment_key(i)[1], prediction=judgment_key(i)[2],
-                             judges=names, verdicts={n: got[n].get("verdict") for n in names},
-                             reasons={n: got[n].get("reason") for n in names},
-                             errors={n: (got[n].get("error") if got[n] else "not judged") for n in names},
-                             keys={n: got[n].get("key") for n in names}, final={n: bool(got[n].get("final")) for n in names},
-                             average=avg, jury=jury))
-        complete = all(latest.get((q, n), {}).get("final") for q in prompts for n in names)
-        write_jsonl(rows, out)
-        if complete: log_path.unlink(missing_ok=True); lock.remove = True
-    judged = [r for r in rows if r["jury"] is not None]
-    return JudgeSummary(len(rows), names, asked, skipped, malformed, failed, len(judged),
-                        float(np.mean([r["jury"] for r in judged])) if judged else float("nan"), complete, str(out))
-
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #3d57fdff
 def _ask_one(judge, prompt: str, max_tokens: int = JUDGE_MAX_TOKENS):
     "One judge reply, or the exception that asking raised."
     try: return judge.generate([prompt], max_tokens=max_tokens, temperature=0.0, json_mode=True, system=JUDGE_SYSTEM)[0]
@@ -346,6 +269,7 @@ def _append_rows(rows: Sequence[dict], path: Path) -> None:
         f.write("".join(json.dumps(r, default=str) + "\n" for r in rows).encode())
         f.flush(); os.fsync(f.fileno())
 
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #488cd14e
 def _read_rows(path: Path) -> list[dict]: return read_jsonl(path) if path.exists() else []
 
 class _exclusive:
@@ -361,6 +285,115 @@ class _exclusive:
     def __exit__(self, *exc):
         if self.remove: self.path.unlink(missing_ok=True)
         self.f.close()
+
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #aa76f0ee
+@dataclasses.dataclass
+class JudgeSummary:
+    "What a judging run did."
+    total: int              # questions
+    judges: list            # judge names
+    asked: int              # (question, judge) verdicts requested now
+    skipped: int            # ... already in the log of an earlier run
+    malformed: int          # replies without a readable verdict (errors, never votes)
+    failed: int             # calls that raised (retried by the next run)
+    judged: int             # questions with at least one valid verdict
+    jury_accuracy: float    # share of the judged questions the jury calls correct
+    complete: bool
+    out: str
+
+def _judge_names(items: Sequence[Mapping], judges: Sequence) -> list[str]:
+    "The judges' names; `ValueError` when the items repeat a qid or two judges share a name."
+    if len({str(i["qid"]) for i in items}) != len(items): raise ValueError("the predictions repeat a qid")
+    names = [judge_name(j) for j in judges]
+    if len(set(names)) != len(names): raise ValueError(f"two judges share a name ({', '.join(names)}); give them labels")
+    return names
+
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #8b21c5b8
+def _verdict_rows(chunk: Sequence[str], replies: Sequence, n: str, keys: Mapping) -> tuple[list[dict], int, int, int]:
+    """The log rows of judge `n`'s replies to the qids in `chunk` (an exception where a call failed); how many were
+    asked, malformed and failed."""
+    rows, asked, malformed, failed = [], 0, 0, 0
+    for q, raw in zip(chunk, replies):
+        asked += 1
+        if isinstance(raw, BaseException):   # no reply: a replay miss is final (an error), a failed call is asked again
+            final = type(raw).__name__ == "CacheMiss"
+            failed += not final; malformed += final
+            rows.append(dict(qid=q, judge=n, key=keys[q, n], verdict=None, reason=None, raw=None,
+                             error=f"{type(raw).__name__}: {raw}", final=final))
+            continue
+        v = parse_verdict(raw)
+        malformed += v["error"] is not None
+        rows.append(dict(qid=q, judge=n, key=keys[q, n], raw=raw, final=True, **v))
+    return rows, asked, malformed, failed
+
+def _ask_judge(j, n: str, todo: Sequence[str], prompts: Mapping[str, str], keys: Mapping, batch_size: int, max_tokens: int,
+               log_path: Path) -> tuple[int, int, int]:
+    "Ask judge `j` (named `n`) about the qids `todo`, a batch at a time, each batch's rows appended to `log_path`; how many were asked, malformed and failed."
+    asked = malformed = failed = 0
+    for s in progress(range(0, len(todo), batch_size), total=-(-len(todo) // max(1, batch_size)), desc=f"judge {n}"):
+        chunk = todo[s:s + batch_size]
+        try:
+            replies = j.generate([prompts[q] for q in chunk], max_tokens=max_tokens, temperature=0.0,
+                                 json_mode=True, system=JUDGE_SYSTEM)
+            if len(replies) != len(chunk): raise RuntimeError(f"{len(replies)} replies for {len(chunk)} prompts")
+        except (KeyboardInterrupt, SystemExit): raise
+        except Exception as e:
+            replies = [_ask_one(j, prompts[q], max_tokens) for q in chunk] if len(chunk) > 1 else [e]
+        rows, a, m, f = _verdict_rows(chunk, replies, n, keys)
+        asked += a; malformed += m; failed += f
+        _append_rows(rows, log_path)       # one flush to disk per batch
+    return asked, malformed, failed
+
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #34841663
+def _latest_verdicts(rows: Sequence[dict], keys: Mapping) -> dict[tuple, dict]:
+    "(qid, judge) -> its latest row of the current key, a final one over any that is not."
+    latest: dict[tuple, dict] = {}
+    for r in rows:
+        k = (r.get("qid"), r.get("judge"))
+        if r.get("key") == keys.get(k) and (r.get("final") or k not in latest or not latest[k].get("final")): latest[k] = r
+    return latest
+
+def _output_row(i: Mapping, names: Sequence[str], latest: Mapping[tuple, dict], threshold: float) -> dict:
+    "An item's output row: every judge's verdict, reason, error, key and finality, and the jury's average and verdict."
+    q = str(i["qid"])
+    got = {n: latest.get((q, n), {}) for n in names}
+    avg, jury = jury_of([got[n].get("verdict") for n in names], threshold)
+    return dict(qid=q, question=judgment_key(i)[0], answer=judgment_key(i)[1], prediction=judgment_key(i)[2],
+                judges=names, verdicts={n: got[n].get("verdict") for n in names},
+                reasons={n: got[n].get("reason") for n in names},
+                errors={n: (got[n].get("error") if got[n] else "not judged") for n in names},
+                keys={n: got[n].get("key") for n in names}, final={n: bool(got[n].get("final")) for n in names},
+                average=avg, jury=jury)
+
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #2e8eb2f6
+def judge_predictions(items: Sequence[Mapping], judges: Sequence, out: str | os.PathLike, batch_size: int = 16,
+                      threshold: float = JURY_THRESHOLD, max_tokens: int = JUDGE_MAX_TOKENS) -> JudgeSummary:
+    """Judge every item (`qid`, `question`, `answer`, `prediction`) with every judge (`spatialvqa.llm` LLMs) into `out`:
+    one row per qid (`verdicts`, `reasons`, `errors` by judge, `average`, `jury`). Every verdict is first appended to
+    `<out>.partial`, so a killed run resumes where it stopped, asking nothing twice."""
+    out, items = Path(out), list(items)
+    names = _judge_names(items, judges)
+    log_path = out.with_name(out.name + ".partial")
+    prompts = {str(i["qid"]): judge_prompt(i) for i in items}
+    keys = {(q, n): _judge_row_key(j, p) for q, p in prompts.items() for j, n in zip(judges, names)}
+    asked = skipped = malformed = failed = 0
+    with _exclusive(log_path.with_name(log_path.name + ".lock")) as lock:
+        prior = _from_output(_read_rows(out))                  # a finished earlier run: its verdicts are in `out` itself
+        old = [r for r in prior + _read_rows(log_path) if r.get("key") == keys.get((r.get("qid"), r.get("judge")))]
+        done = {(r["qid"], r["judge"]) for r in old if r.get("final")}
+        for j, n in zip(judges, names):
+            todo = [q for q in prompts if (q, n) not in done]
+            skipped += len(prompts) - len(todo)
+            a, m, f = _ask_judge(j, n, todo, prompts, keys, batch_size, max_tokens, log_path)
+            asked += a; malformed += m; failed += f
+        latest = _latest_verdicts(prior + _read_rows(log_path), keys)
+        rows = [_output_row(i, names, latest, threshold) for i in items]
+        complete = all(latest.get((q, n), {}).get("final") for q in prompts for n in names)
+        write_jsonl(rows, out)
+        if complete: log_path.unlink(missing_ok=True); lock.remove = True
+    judged = [r for r in rows if r["jury"] is not None]
+    return JudgeSummary(len(rows), names, asked, skipped, malformed, failed, len(judged),
+                        float(np.mean([r["jury"] for r in judged])) if judged else float("nan"), complete, str(out))
 
 # %% ../../nbs/30_ctsvqa/04_jury.ipynb #9e31f428
 def published_verdicts(items: Sequence[Mapping], verdicts: Sequence[Mapping]) -> dict[str, bool | None]:

@@ -66,20 +66,18 @@ _TEMPLATE_ML = {"kidney": 155.0, "pancreas": 94.0, "heart": 718.0, "stomach": 38
 # share of the liver's and the spleen's fitted volume that the structures drawn before them leave over
 _KEPT = {"liver": 0.83, "spleen": 0.72}
 
-def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None, variants: Mapping[str, bool] | None = None) -> dict:
-    """Draw a subject's body plan (lengths in mm; organ sizes as target volumes in mL or linear factors).
-
-    `rates`: variant rates (default `DEFAULT_RATES`); `variants`: `{variant: bool}` given by a cohort, overriding
-    the draw for the variants it names."""
+# %% ../../nbs/14_phantom/01_body.ipynb #7de010be
+def _draw_variants(rng: np.random.Generator, rates: Mapping[str, float] | None, variants: Mapping[str, bool] | None) -> dict:
+    "The subject's variants, drawn first and in a fixed order, so that a rate only decides, never shifts the other draws."
     rates = _check_rates(rates)
-    j = lambda sd=1.0: float(rng.normal(0, sd))
-    # --- variant draws first (fixed order), so that a rate only decides, never shifts the other draws
     u = {k: float(rng.random()) for k in VARIANTS}
     sides = {k: ("left" if rng.random() < 0.5 else "right") for k in ("pelvic_kidney", "renal_atrophy")}
     on = {k: u[k] < rates[k] for k in VARIANTS}
     if variants is not None: on.update({k: bool(b) for k, b in variants.items() if k in on})
-    V = _resolve_variants(on, sides)
-    # --- body habitus
+    return _resolve_variants(on, sides)
+
+def _habitus(rng: np.random.Generator) -> dict:
+    "Sex, height (cm), BMI, weight (kg), body surface area (m²), skeleton scale `s`, subcutaneous fat (mm) and girth."
     sex = "M" if rng.random() < 0.5 else "F"
     h_mu, h_sd = (176.0, 7.0) if sex == "M" else (163.0, 6.5)
     height = h_mu + h_sd * float(np.clip(rng.normal(), -2.5, 2.5))
@@ -89,7 +87,12 @@ def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None,
     s = height / 172.0                                                  # skeleton scale
     fat = float(np.clip(3 + 2.0 * (bmi - 18) + rng.normal(0, 4), 3, 65))   # subcutaneous fat, mm
     girth = float(np.clip((bmi - 18) / 22, 0, 1))
-    z, lv = 255.0 * s, {}                                               # vertebral levels, top to bottom
+    return dict(sex=sex, height=height, bmi=bmi, weight=weight, bsa=bsa, s=s, fat=fat, girth=girth)
+
+def _vertebral_levels(rng: np.random.Generator, s: float) -> dict:
+    "Vertebral levels T1..S1, top to bottom: name -> (top, bottom, centre) z in mm."
+    j = lambda sd=1.0: float(rng.normal(0, sd))
+    z, lv = 255.0 * s, {}
     for name in _VLEVELS:
         if name[0] == "T": h, disc = 15.5 + (int(name[1:]) - 1) * 7 / 11, 4.5
         elif name[0] == "L": h, disc = [26, 27, 28, 28, 27][int(name[1:]) - 1], 9.0
@@ -97,9 +100,14 @@ def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None,
         h *= s * (1 + 0.03 * j())
         lv[name] = (z, z - h, z - h / 2)                                # top, bottom, centre
         z -= h + disc * s
+    return lv
+
+# %% ../../nbs/14_phantom/01_body.ipynb #8e70ab2e
+def _torso(rng: np.random.Generator, A: dict, bmi: float) -> None:
+    "The trunk's cavity and walls along z, the spine, the field's z range and the diaphragm domes, into `A`."
+    j = lambda sd=1.0: float(rng.normal(0, sd))
+    s, sex, girth, lv = A["s"], A["sex"], A["girth"], A["levels"]
     zc = lambda n: lv[n][2]
-    A = dict(s=s, girth=girth, sex=sex, fat=fat, levels=lv, variants=V,
-             body=dict(sex=sex, height_cm=round(height, 1), weight_kg=round(weight, 1), bmi=round(bmi, 1), bsa_m2=round(bsa, 3)))
     zk = [zc("S1") - 180 * s, zc("L5"), zc("L2"), zc("T10"), zc("T4"), lv["T1"][0] + 60 * s]
     fa = (bmi / 26) ** 0.25 * (1 + 0.04 * j())                          # trunk width
     fb = (bmi / 26) ** 0.3 * (1 + 0.05 * j())                           # trunk depth
@@ -114,7 +122,24 @@ def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None,
     A["z_range"] = (zc("S1") - 180 * s, lv["T1"][0] + 30 * s)
     A["dome_R"] = lv["T11"][0] + 12 * s + 15 * j()                     # depth of the breath hold
     A["dome_L"] = A["dome_R"] - (12 + 4 * j()) * s
-    # --- organ sizes: target volumes (mL) from the documented distributions, drawn for everyone
+
+def _positions(rng: np.random.Generator, s: float) -> dict:
+    "Per-organ shifts (mm; SD per axis x, y, z), kidney levels, heart turn, fissures, the patient on the table, the air around."
+    j = lambda sd=1.0: float(rng.normal(0, sd))
+    sd3 = {"liver": (8, 8, 0), "spleen": (8, 10, 8), "kidney_right": (8, 6, 0), "kidney_left": (8, 6, 0), "heart": (6, 8, 8),
+           "stomach": (12, 12, 12), "gallbladder": (10, 10, 10), "pancreas": (8, 6, 12), "bladder": (6, 6, 6),
+           "adrenal_gland_right": (3, 3, 3), "adrenal_gland_left": (3, 3, 3), "colon": (10, 10, 5), "prostate": (4, 4, 4)}
+    return dict(jitter={k: np.array([j(a), j(b), j(c)]) * s for k, (a, b, c) in sd3.items()},
+                kidney_level=14 * j() * s,                              # both kidneys up or down
+                kidney_drop=(15 + 9 * j()) * s,                         # right below left
+                heart_turn=8 * j(),                                     # degrees about the vertical
+                fissure=[4 * j() for _ in range(4)],
+                offset=np.array([float(np.clip(rng.normal(0, 15), -40, 40)), float(np.clip(rng.normal(0, 20), -50, 50)), float(rng.uniform(-200, 200))]),
+                fov_margin=[float(rng.uniform(5, 30)) for _ in range(4)])    # air at the right, left, front and back
+
+# %% ../../nbs/14_phantom/01_body.ipynb #4ad3d441
+def _organ_targets(rng: np.random.Generator, bsa: float, bmi: float, V: Mapping) -> tuple[dict, dict]:
+    "Organ target volumes (mL) from the documented distributions, drawn for everyone, then changed by the pathology in `V`; and the linear factors."
     t = {}
     t["liver"] = 0.95 * (1072.8 * bsa - 345.7) * math.exp(rng.normal(0, 0.12))
     big_liver = float(np.clip((1072.8 * bsa - 345.7) * rng.uniform(1.35, 1.8), 2150, 3300))
@@ -138,26 +163,35 @@ def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None,
         if V.get("renal_atrophy") == sd: t[kn] = atrophic
         if V.get("pelvic_kidney") == sd: t[kn] *= ectopic
         if V.get("nephrectomy") == sd or V.get("renal_atrophy") == sd: t[other] *= hypertrophy
-    A["target_ml"] = {k: round(float(v), 1) for k, v in t.items()}
-    # linear factors of the shapes whose volume scales with their cube (liver and spleen are fitted later)
+    return t, lin
+
+def _organ_sizes(t: Mapping[str, float], lin: Mapping[str, float], s: float) -> dict:
+    "Linear factors of the shapes whose volume scales with their cube (liver and spleen are fitted later), and the bladder's fill."
     f3 = lambda name, tmpl: float((t[name] / (tmpl * s ** 3)) ** (1 / 3))
-    A["size"] = dict(lin, kidney_right=f3("kidney_right", _TEMPLATE_ML["kidney"]), kidney_left=f3("kidney_left", _TEMPLATE_ML["kidney"]),
-                     pancreas=f3("pancreas", _TEMPLATE_ML["pancreas"]), heart=f3("heart", _TEMPLATE_ML["heart"]),
-                     stomach=f3("stomach", _TEMPLATE_ML["stomach"]), gallbladder=f3("gallbladder", _TEMPLATE_ML["gallbladder"]),
-                     prostate=f3("prostate", _TEMPLATE_ML["prostate"]))
-    A["bladder_fill"] = t["urinary_bladder"] / (_TEMPLATE_ML["urinary_bladder"] * s ** 3)
+    return dict(size=dict(lin, kidney_right=f3("kidney_right", _TEMPLATE_ML["kidney"]), kidney_left=f3("kidney_left", _TEMPLATE_ML["kidney"]),
+                          pancreas=f3("pancreas", _TEMPLATE_ML["pancreas"]), heart=f3("heart", _TEMPLATE_ML["heart"]),
+                          stomach=f3("stomach", _TEMPLATE_ML["stomach"]), gallbladder=f3("gallbladder", _TEMPLATE_ML["gallbladder"]),
+                          prostate=f3("prostate", _TEMPLATE_ML["prostate"])),
+                bladder_fill=t["urinary_bladder"] / (_TEMPLATE_ML["urinary_bladder"] * s ** 3))
+
+# %% ../../nbs/14_phantom/01_body.ipynb #761a2d65
+def _anatomy(rng: np.random.Generator, rates: Mapping[str, float] | None = None, variants: Mapping[str, bool] | None = None) -> dict:
+    """Draw a subject's body plan (lengths in mm; organ sizes as target volumes in mL or linear factors).
+
+    `rates`: variant rates (default `DEFAULT_RATES`); `variants`: `{variant: bool}` given by a cohort, overriding
+    the draw for the variants it names."""
+    V = _draw_variants(rng, rates, variants)
+    h = _habitus(rng)
+    s, sex, bmi = h["s"], h["sex"], h["bmi"]
+    lv = _vertebral_levels(rng, s)
+    A = dict(s=s, girth=h["girth"], sex=sex, fat=h["fat"], levels=lv, variants=V,
+             body=dict(sex=sex, height_cm=round(h["height"], 1), weight_kg=round(h["weight"], 1), bmi=round(bmi, 1), bsa_m2=round(h["bsa"], 3)))
+    _torso(rng, A, bmi)
+    t, lin = _organ_targets(rng, h["bsa"], bmi, V)
+    A["target_ml"] = {k: round(float(v), 1) for k, v in t.items()}
+    A.update(_organ_sizes(t, lin, s))
     A["stomach_gas"] = float(rng.uniform(0.0, 0.3))
-    # --- positions: per-organ shifts (mm; SD per axis x, y, z), kidney levels, patient on the table
-    sd3 = {"liver": (8, 8, 0), "spleen": (8, 10, 8), "kidney_right": (8, 6, 0), "kidney_left": (8, 6, 0), "heart": (6, 8, 8),
-           "stomach": (12, 12, 12), "gallbladder": (10, 10, 10), "pancreas": (8, 6, 12), "bladder": (6, 6, 6),
-           "adrenal_gland_right": (3, 3, 3), "adrenal_gland_left": (3, 3, 3), "colon": (10, 10, 5), "prostate": (4, 4, 4)}
-    A["jitter"] = {k: np.array([j(a), j(b), j(c)]) * s for k, (a, b, c) in sd3.items()}
-    A["kidney_level"] = 14 * j() * s                                   # both kidneys up or down
-    A["kidney_drop"] = (15 + 9 * j()) * s                              # right below left
-    A["heart_turn"] = 8 * j()                                          # degrees about the vertical
-    A["fissure"] = [4 * j() for _ in range(4)]
-    A["offset"] = np.array([float(np.clip(rng.normal(0, 15), -40, 40)), float(np.clip(rng.normal(0, 20), -50, 50)), float(rng.uniform(-200, 200))])
-    A["fov_margin"] = [float(rng.uniform(5, 30)) for _ in range(4)]    # air at the right, left, front and back
+    A.update(_positions(rng, s))
     return A
 
 # %% ../../nbs/14_phantom/01_body.ipynb #988a1b1b

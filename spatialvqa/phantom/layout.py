@@ -169,13 +169,11 @@ def fit_scale(make: Callable[[float], Shape], target_ml: float, clip: Callable |
         else: b = mid
     return float(math.exp((a + b) / 2))
 
-# %% ../../nbs/14_phantom/02_layout.ipynb #9e401b76
-def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
-    "Heart, kidneys, adrenals, portal and splenic veins, pancreas, duodenum, gallbladder, liver, spleen, stomach."
+# %% ../../nbs/14_phantom/02_layout.ipynb #aaa09226
+def _heart_kidneys(f: SimpleNamespace, rng: np.random.Generator, add: Callable) -> None:
+    "The heart, the kidneys (drawn in the normal-situs frame; `f.anat` gives the anatomical name) and the adrenals above them."
     bd, A, s, J, S, zc, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.ys
     V, anat = f.V, f.anat
-    out: list[tuple[str, Shape, str]] = []
-    add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     W = lambda w=0.06: wobble(rng, w)
     # heart: long axis from base (right, posterior, up) to apex (left, anterior, down)
     hc = np.array([-28 * s, 28 * s, f.hz]) + J["heart"]
@@ -202,6 +200,11 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
         ca = np.array([c[0] - side * 22 * s, c[1] + (8 if side > 0 else 14) * s, c[2] + 61 * s * S[anat(f"kidney_{nm}")] + 14 * s])
         ca = ca + J[anat(f"adrenal_gland_{nm}")]
         add(f"adrenal_gland_{nm}", blob(ca, np.array([5, 14, 24]) * s * S["adrenal"], R=rotation(side * -30, axes="z"), coeffs=W(0.05)))
+
+# %% ../../nbs/14_phantom/02_layout.ipynb #1b4303d5
+def _pancreas_duodenum(f: SimpleNamespace, add: Callable) -> tuple[list, list, np.ndarray]:
+    "The portal and splenic veins, the pancreas and the duodenum in front of the aorta; the duodenum's and the pancreas's centre lines and their shift."
+    s, J, S, zc, ys = f.s, f.J, f.S, f.zc, f.ys
     yp = lambda z: f.ya(z, 12) + 26 * s                   # pancreas in front of the aorta
     jp = J["pancreas"]
     portal = [(-78 * s, ys(zc("T12")) + 8 * s, zc("T12")), (-40 * s, yp(zc("L1")) - 16 * s, zc("L1") + 4 * s), (8 * s, yp(zc("L1")) - 14 * s, zc("L1")),
@@ -214,6 +217,13 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
            (58 * s, yp(zc("L3")) + 4 * s, zc("L3")), (24 * s, yp(zc("L3")) - 4 * s, zc("L3") - 4 * s), (-14 * s, yp(zc("L3")) - 2 * s, zc("L3")),
            (-26 * s, yp(zc("L2")), zc("L2") + 6 * s)]
     add("duodenum", tube(np.array(duo) + jp * np.array([0.5, 0.5, 1]), 11 * s))
+    return duo, panc, jp
+
+# %% ../../nbs/14_phantom/02_layout.ipynb #21967104
+def _liver_spleen(f: SimpleNamespace, rng: np.random.Generator, add: Callable, duo: list, panc: list, jp: np.ndarray) -> tuple[float, float]:
+    "The gallbladder, then the liver (wrapped around it, clear of the duodenal loop and the pancreatic head) and the spleen, fitted to their target volumes; their fitted scales."
+    bd, A, s, J, S, V = f.bd, f.A, f.s, f.J, f.S, f.V
+    W = lambda w=0.06: wobble(rng, w)
     # gallbladder (before the liver, which wraps around it), liver, spleen, stomach
     liv = np.array([42 * s, 4 * s, A["dome_R"] - 62 * s]) + J["liver"]
     gb = liv + np.array([6, 44, -50]) * s + J["gallbladder"]
@@ -240,6 +250,17 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
         return blob(c, np.array([19 * kt, 60 * kl, 46 * kl]) * s, R=rotation(40, axes="z"), coeffs=ws, bend=(0, 0.3)).where(lambda X, Y, Z: Z <= bd.dome(X, Y) - 6 * s)
     k_spl = fit_scale(spleen, A["target_ml"]["spleen"] / _KEPT["spleen"], clip=bd.in_cavity, box=f.box)
     if not V.get("splenectomy"): add("spleen", spleen(k_spl))
+    return k_liv, k_spl
+
+# %% ../../nbs/14_phantom/02_layout.ipynb #9e401b76
+def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Shape, str]]:
+    "Heart, kidneys, adrenals, portal and splenic veins, pancreas, duodenum, gallbladder, liver, spleen, stomach."
+    A, s, J, S, zc, bd = f.A, f.s, f.J, f.S, f.zc, f.bd
+    out: list[tuple[str, Shape, str]] = []
+    add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
+    W = lambda w=0.06: wobble(rng, w)
+    _heart_kidneys(f, rng, add)
+    k_liv, k_spl = _liver_spleen(f, rng, add, *_pancreas_duodenum(f, add))
     st = np.array([-55 * s, 22 * s, A["dome_L"] - 62 * s]) + J["stomach"]
     sr = np.array([44, 38, 74]) * s * S["stomach"]
     stomach = blob(st, sr, R=rotation(15, axes="y"), coeffs=W(0.06))

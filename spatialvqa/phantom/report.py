@@ -8,6 +8,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/14_phantom/report.html.md"""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -103,27 +104,30 @@ def _kidney_sentences(truth: Mapping, sizes: Mapping[str, str], pick: Callable) 
         out.append(f"The {sd} kidney is {where} {size}.")
     return " ".join(out)
 
-def write_report(truth: dict, rng: np.random.Generator) -> str:
-    "A Findings / Impression report consistent with `truth` (phrasing drawn from `rng`)."
+def _report_draft(truth: dict, rng: np.random.Generator) -> SimpleNamespace:
+    "What the report's sections share: the truth's structures, lesions by kind, variants and sizes; the phrase pickers drawing from `rng`; the findings and impression written so far."
     S, pick = truth["structures"], lambda *opts: opts[int(rng.integers(len(opts)))]
     ext = lambda n, a: (S[n]["bbox_mm"][1][a] - S[n]["bbox_mm"][0][a]) if n in S else 0.0
     size = lambda d: f"{d:.0f} mm" if rng.random() < 0.6 else _cm(d)
-    tum = {t["kind"]: t for t in truth["tumours"]}
     var = set(truth.get("variants", []))
-    sizes = size_findings(truth)
-    si = "situs_inversus" in var
-    findings, impression = [], []
-    phase = truth["phase"]
+    return SimpleNamespace(truth=truth, S=S, pick=pick, ext=ext, size=size, tum={t["kind"]: t for t in truth["tumours"]}, var=var,
+                           sizes=size_findings(truth), si="situs_inversus" in var, findings=[], impression=[])
+
+# %% ../../nbs/14_phantom/04_report.ipynb #662da5f2
+def _technique(r: SimpleNamespace) -> str:
+    pick = r.pick
     tech = pick("CT of the chest, abdomen and pelvis", "Thoraco-abdomino-pelvic CT", "CT chest/abdomen/pelvis")
-    tech += " without intravenous contrast." if phase == "non-contrast" else pick(" with intravenous contrast in the portal venous phase.", " after intravenous contrast, portal venous phase.")
-    # situs
-    if si:
+    return tech + (" without intravenous contrast." if r.truth["phase"] == "non-contrast" else pick(" with intravenous contrast in the portal venous phase.", " after intravenous contrast, portal venous phase."))
+
+def _report_chest(r: SimpleNamespace) -> None:
+    "Situs, lungs, mediastinum."
+    S, tum, pick, size, findings, impression = r.S, r.tum, r.pick, r.size, r.findings, r.impression
+    if r.si:
         join = lambda xs: xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
         moved = join([n for n in ("liver", "gallbladder", "inferior vena cava") if n.replace(" ", "_") in S])
         right = join([n for n in ("spleen", "stomach", "descending aorta") if n.split()[-1] in S])
         findings.append(f"Situs: Situs inversus totalis with dextrocardia; the {moved} lie on the left, the {right} on the right.")
     else: findings.append("Situs: Situs solitus.")
-    # lungs
     if "lung" in tum:
         t = tum["lung"]; kind = "mass" if t["diameter_mm"] > 30 else "nodule"
         findings.append(f"Lungs: {pick('A', 'There is a')} {size(t['diameter_mm'])} solid {kind} in the {t['location']}. "
@@ -133,12 +137,16 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
     else:
         findings.append("Lungs: " + pick("The lungs are clear. No pulmonary nodule, consolidation or pleural effusion.",
                                          "No focal pulmonary lesion. No pleural effusion.", "Clear lungs without nodules or effusion."))
-    heart = ("Dextrocardia. " if si else "") + ("The heart is enlarged." if sizes["heart"] == "enlarged" else "Heart size is normal.")
+    heart = ("Dextrocardia. " if r.si else "") + ("The heart is enlarged." if r.sizes["heart"] == "enlarged" else "Heart size is normal.")
     findings.append(f"Mediastinum: {heart} " + pick("No pericardial effusion. The thoracic aorta is of normal calibre.",
                                                     "No pericardial effusion. Normal calibre of the aorta.", "The great vessels are unremarkable."))
-    if sizes["heart"] == "enlarged": impression.append("Cardiomegaly.")
-    # liver
-    lv, span = _organ_ml(S, truth["tumours"], "liver"), ext("liver", 2)
+    if r.sizes["heart"] == "enlarged": impression.append("Cardiomegaly.")
+
+# %% ../../nbs/14_phantom/04_report.ipynb #b5134545
+def _report_liver(r: SimpleNamespace) -> None:
+    "Liver and gallbladder."
+    S, tum, pick, size, findings, impression, sizes = r.S, r.tum, r.pick, r.size, r.findings, r.impression, r.sizes
+    lv, span = _organ_ml(S, r.truth["tumours"], "liver"), r.ext("liver", 2)
     if sizes["liver"] == "enlarged":
         findings.append(f"Liver: {pick('The liver is enlarged', 'Hepatomegaly')} ({_cm(span)} craniocaudal span, about {lv:.0f} mL).")
         impression.append(VARIANT_PHRASES["hepatomegaly"])
@@ -155,12 +163,15 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
     else:
         findings.append("Gallbladder: Status post cholecystectomy.")
         impression.append(VARIANT_PHRASES["cholecystectomy"])
-    # spleen
+
+def _report_spleen(r: SimpleNamespace) -> None:
+    "Spleen."
+    S, tum, pick, size, findings, impression, sizes = r.S, r.tum, r.pick, r.size, r.findings, r.impression, r.sizes
     if sizes["spleen"] == "absent":
         findings.append("Spleen: Status post splenectomy; no splenic tissue.")
         impression.append(VARIANT_PHRASES["splenectomy"])
     else:
-        sv, sl = _organ_ml(S, truth["tumours"], "spleen"), max(ext("spleen", a) for a in range(3))
+        sv, sl = _organ_ml(S, r.truth["tumours"], "spleen"), max(r.ext("spleen", a) for a in range(3))
         if sizes["spleen"] == "enlarged":
             findings.append(f"Spleen: {pick('Splenomegaly', 'The spleen is enlarged')}, measuring {_cm(sl)} ({sv:.0f} mL).")
             impression.append(VARIANT_PHRASES["splenomegaly"])
@@ -170,15 +181,18 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
             findings.append(f"{pick('A', 'There is a')} {size(t['diameter_mm'])} hypodense lesion in the {t['location']}.")
             impression.append(f"{t['diameter_mm']:.0f} mm hypodense splenic lesion in the {t['location']}, "
                               + pick("indeterminate.", "likely benign; follow-up suggested."))
-    # pancreas, adrenals
+
+# %% ../../nbs/14_phantom/04_report.ipynb #edc771d2
+def _report_kidneys(r: SimpleNamespace) -> None:
+    "Pancreas, adrenal glands, kidneys."
+    tum, pick, size, findings, impression, sizes, var = r.tum, r.pick, r.size, r.findings, r.impression, r.sizes, r.var
     if "pancreas" in tum:
         t = tum["pancreas"]
         findings.append(f"Pancreas: {pick('A', 'There is an ill-defined')} {size(t['diameter_mm'])} hypodense mass in the {t['location']}.")
         impression.append(f"{t['diameter_mm']:.0f} mm hypodense mass in the {t['location']}, suspicious for neoplasm.")
     else: findings.append("Pancreas: " + pick("Unremarkable.", "Normal appearance, no ductal dilatation.", "No focal lesion."))
     findings.append("Adrenal glands: " + pick("Normal.", "Both adrenal glands are unremarkable."))
-    # kidneys
-    findings.append(f"Kidneys: {_kidney_sentences(truth, sizes, pick)} {pick('No hydronephrosis.', 'No hydronephrosis or calculi.')}")
+    findings.append(f"Kidneys: {_kidney_sentences(r.truth, sizes, pick)} {pick('No hydronephrosis.', 'No hydronephrosis or calculi.')}")
     if "kidney" in tum:
         t = tum["kidney"]; adj = pick("hypodense", "hypoattenuating", "solid")
         findings.append(f"{pick('A', 'There is a')} {size(t['diameter_mm'])} {adj} lesion in the {t['location']}.")
@@ -191,15 +205,25 @@ def write_report(truth: dict, rng: np.random.Generator) -> str:
         if sizes[n] == "small" and f"pelvic_kidney_{sd}" not in var: impression.append(VARIANT_PHRASES[f"renal_atrophy_{sd}"])
         if sizes[n] == "enlarged":
             impression.append(f"Compensatory hypertrophy of the {sd} kidney." if sizes[f"kidney_{other}"] in ("absent", "small") else f"Enlarged {sd} kidney.")
-    if si: impression.append(VARIANT_PHRASES["situs_inversus"])
-    # pelvis
+    if r.si: impression.append(VARIANT_PHRASES["situs_inversus"])
+
+def _report_pelvis(r: SimpleNamespace) -> None:
+    "Bladder, prostate, bones; a normal impression when nothing was found."
+    S, pick, findings, impression = r.S, r.pick, r.findings, r.impression
     bv = S["urinary_bladder"]["volume_ml"] if "urinary_bladder" in S else 0.0
     findings.append("Bladder: " + ("Well distended, unremarkable." if bv > 250 else pick("Partially filled, unremarkable.", "Moderately filled. No wall thickening.")))
     if "prostate" in S:
         pv = S["prostate"]["volume_ml"]
-        findings.append(f"Prostate: Enlarged ({pv:.0f} mL)." if sizes["prostate"] == "enlarged" else f"Prostate: {pick('Normal size', 'Not enlarged')} ({pv:.0f} mL).")
+        findings.append(f"Prostate: Enlarged ({pv:.0f} mL)." if r.sizes["prostate"] == "enlarged" else f"Prostate: {pick('Normal size', 'Not enlarged')} ({pv:.0f} mL).")
     findings.append("Bones: " + pick("No aggressive osseous lesion.", "No suspicious bone lesion. Degenerative changes of the spine.",
                                      "Unremarkable osseous structures."))
     if not impression: impression.append(pick("No acute abnormality in the chest, abdomen or pelvis.", "Unremarkable CT of the chest, abdomen and pelvis."))
-    return ("TECHNIQUE: " + tech + "\n\nFINDINGS:\n" + "\n".join(findings) + "\n\nIMPRESSION:\n"
-            + "\n".join(f"{i}. {s}" for i, s in enumerate(impression, 1)) + "\n")
+
+# %% ../../nbs/14_phantom/04_report.ipynb #d40a442e
+def write_report(truth: dict, rng: np.random.Generator) -> str:
+    "A Findings / Impression report consistent with `truth` (phrasing drawn from `rng`)."
+    r = _report_draft(truth, rng)
+    tech = _technique(r)
+    for section in (_report_chest, _report_liver, _report_spleen, _report_kidneys, _report_pelvis): section(r)
+    return ("TECHNIQUE: " + tech + "\n\nFINDINGS:\n" + "\n".join(r.findings) + "\n\nIMPRESSION:\n"
+            + "\n".join(f"{i}. {s}" for i, s in enumerate(r.impression, 1)) + "\n")

@@ -73,6 +73,39 @@ def _pick_spacing(rng) -> tuple[float, float, float]:
     inplane = float(rng.choice([2.0, 2.25, 2.5]))
     return (inplane, inplane, float(rng.choice([3.0, 4.0, 5.0])))
 
+# %% ../../nbs/14_phantom/05_subject.ipynb #0e81029b
+def _subject_grid(A: dict, bd: Body, spacing: Sequence[float] | None, rng: np.random.Generator) -> Grid:
+    "The subject's grid in the body's own frame: the body's outline with air beside it, at `spacing` (drawn from `rng` when None)."
+    sp = tuple(float(v) for v in spacing) if spacing is not None else _pick_spacing(rng)
+    zz = np.linspace(*A["z_range"], 200)
+    w, ba, bp = (float(v.max()) for v in bd.outline(zz))
+    mr, ml, ma, mp = A["fov_margin"]                           # air beside the patient: right, left, front, back
+    return make_grid((-w - ml, -bp - mp, A["z_range"][0]), (w + mr, ba + ma, A["z_range"][1]), sp)
+
+def _lesions(L: np.ndarray, grid: Grid, structures: Sequence, tumours, rng: np.random.Generator, tumour_rate: float,
+             max_lesions: int) -> list[dict]:
+    "The lesions carved into the label map `L` (in place), kind by kind in a fixed order (deterministic streams)."
+    drawn = {n for n, _, _ in structures}
+    spec = _tumour_spec(tumours, rng, tumour_rate, max_lesions, present=[k for k, hs in _TUMOUR_HOSTS.items() if drawn & set(hs)])
+    tlist = []
+    for kind in TUMOUR_KINDS:
+        if kind in spec:
+            t = _carve_tumour(L, grid, kind, spec[kind], rng, avoid=[x["diameter_mm"] for x in tlist])
+            t["delta_hu"] = float(rng.uniform(25, 45))
+            tlist.append(t)
+    return tlist
+
+def _lesion_truth(truth: dict, t: dict, structs: Mapping, offset: np.ndarray) -> dict:
+    "A carved lesion as the truth records it: measured, its side (unpaired hosts: the side of the midline) and its location."
+    m = structs[t["name"]]
+    side = "left" if t["host"].endswith("left") else "right" if t["host"].endswith("right") else \
+        "right" if m["centroid_mm"][0] > offset[0] else "left"          # unpaired hosts: the side of the midline
+    tt = dict(name=t["name"], kind=t["kind"], label=t["label"], host=t["host"], side=side,
+              diameter_mm=t["diameter_mm"], volume_ml=m["volume_ml"], voxels=m["voxels"], centroid_mm=m["centroid_mm"],
+              bbox_mm=m["bbox_mm"], hu_below_host=round(t["delta_hu"], 1))
+    tt["location"] = lesion_location(truth, tt)
+    return tt
+
 # %% ../../nbs/14_phantom/05_subject.ipynb #4125c37b
 def make_subject(subject_id: str, seed: int, tumours: bool | Sequence[str] | Mapping[str, float] | None = None,
                  spacing: Sequence[float] | None = None, orientation: str | None = None, fmt: str | None = None,
@@ -92,21 +125,10 @@ def make_subject(subject_id: str, seed: int, tumours: bool | Sequence[str] | Map
     A = _anatomy(r_anat, rates, variants)
     bd = Body(A)
     structures = _structures(bd, r_shape)
-    sp = tuple(float(v) for v in spacing) if spacing is not None else _pick_spacing(r_grid)
-    zz = np.linspace(*A["z_range"], 200)
-    w, ba, bp = (float(v.max()) for v in bd.outline(zz))
-    mr, ml, ma, mp = A["fov_margin"]                           # air beside the patient: right, left, front, back
-    grid = make_grid((-w - ml, -bp - mp, A["z_range"][0]), (w + mr, ba + ma, A["z_range"][1]), sp)   # the body's own frame
+    grid = _subject_grid(A, bd, spacing, r_grid)
     body, cavity = _body_masks(grid, bd)
     L = _draw(grid, structures, body, cavity)
-    drawn = {n for n, _, _ in structures}
-    spec = _tumour_spec(tumours, r_tum, tumour_rate, max_lesions, present=[k for k, hs in _TUMOUR_HOSTS.items() if drawn & set(hs)])
-    tlist = []
-    for kind in TUMOUR_KINDS:                                   # fixed order: deterministic streams
-        if kind in spec:
-            t = _carve_tumour(L, grid, kind, spec[kind], r_tum, avoid=[x["diameter_mm"] for x in tlist])
-            t["delta_hu"] = float(r_tum.uniform(25, 45))
-            tlist.append(t)
+    tlist = _lesions(L, grid, structures, tumours, r_tum, tumour_rate, max_lesions)
     phase = int(r_img.integers(2))
     noise = float(r_img.uniform(10, 20))
     img = _render(L, grid, bd, body, cavity, phase, tlist, r_img, noise)
@@ -118,15 +140,7 @@ def make_subject(subject_id: str, seed: int, tumours: bool | Sequence[str] | Map
                  noise_hu=round(noise, 2), spacing_mm=list(world.spacing), shape=list(world.shape), affine=world.affine.tolist(),
                  body=A["body"], variants=variant_names(A["variants"]), patient_offset_mm=[float(v) for v in offset],
                  target_ml=A["target_ml"], structures=structs, tumours=[])
-    for t in tlist:
-        m = structs[t["name"]]
-        side = "left" if t["host"].endswith("left") else "right" if t["host"].endswith("right") else \
-            "right" if m["centroid_mm"][0] > offset[0] else "left"          # unpaired hosts: the side of the midline
-        tt = dict(name=t["name"], kind=t["kind"], label=t["label"], host=t["host"], side=side,
-                  diameter_mm=t["diameter_mm"], volume_ml=m["volume_ml"], voxels=m["voxels"], centroid_mm=m["centroid_mm"],
-                  bbox_mm=m["bbox_mm"], hu_below_host=round(t["delta_hu"], 1))
-        tt["location"] = lesion_location(truth, tt)
-        truth["tumours"].append(tt)
+    for t in tlist: truth["tumours"].append(_lesion_truth(truth, t, structs, offset))
     truth["findings"] = size_findings(truth)
     report = write_report(truth, r_rep)
     truth["report"] = report

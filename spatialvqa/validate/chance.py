@@ -103,6 +103,55 @@ def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight
                        bounds=Bounds(0, 1), options={"time_limit": MILP_TIME_LIMIT, "mip_rel_gap": 1e-4}), "chance subsample")
     return None if res.x is None else res.x > 0.5
 
+# %% ../../nbs/24_validate/02_chance.ipynb #706cc424
+def _right_matrix(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
+                  right: Mapping[str, Mapping[str, float]] | None) -> np.ndarray:
+    "How often each answerer in `names` is right on each record: `right[qid][name]` when given, else `expected_right` of its answer in `preds`."
+    def hit(r, a):
+        if right is not None and a in right.get(r["qid"], {}): return float(right[r["qid"]][a])
+        return expected_right(r, preds.get(r["qid"], {}).get(a) or {"pred": None, "proba": None})
+    return np.array([[hit(r, a) for a in names] for r in records])
+
+def _ilp_subsample(records: Sequence[dict], gid: list[str], keys: list[str], M: np.ndarray, G: np.ndarray, size: np.ndarray,
+                   prot: np.ndarray, chance: float, tol: float, protect_weight: float, family_cap: float | None,
+                   letter_slack: float | None) -> np.ndarray | None:
+    """The groups `_keep_ilp` keeps, the family cap relaxed (a half, then none) and then the letter limit dropped while
+    that leaves fewer than two questions per letter; None when the solver finds no subset."""
+    first = {}
+    for i, g in enumerate(gid): first.setdefault(g, i)
+    fam = [scan_family(records[first[g]]) if records[first[g]].get("scan_id") else g for g in keys]
+    caps = [family_cap] if family_cap is None else list(dict.fromkeys([family_cap, *(c for c in (0.5, None) if c is None or c > family_cap)]))
+    L = None if letter_slack is None else M @ np.array([[float(r.get("answer_letter") == l) for l in LETTERS] for r in records])
+    for lt in ([None] if L is None else [L, None]):
+        for cap in caps:             # a cap the task cannot meet with 2 questions per letter is relaxed: a half, then none
+            keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0), fam, cap, lt, letter_slack or 0)
+            if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
+            if cap is not None: get_logger(__name__).info("no kept set with at most %.0f%% of a task per scan family; relaxing", 100 * cap)
+        if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
+        if lt is not None: get_logger(__name__).info("no kept set with letters within %s of a quarter; without that limit", letter_slack)
+    return keep
+
+# %% ../../nbs/24_validate/02_chance.ipynb #279ff860
+def _greedy_subsample(G: np.ndarray, size: np.ndarray, prot: np.ndarray, chance: float, tol: float, seed: int) -> np.ndarray:
+    """The groups kept when they are dropped one at a time, each time the one whose removal brings the accuracies
+    closest to chance (protected ones last among equally good ones; ties by a seeded order)."""
+    penalty = np.where(prot, 1e-6, 0.0)
+    jitter = np.random.default_rng(seed).uniform(0, 1e-9, len(size))
+    keep = np.ones(len(size), bool)
+    cost = lambda acc: float(np.clip(np.abs(acc - chance) - tol, 0, None).sum())
+    while size[keep].sum() > 4:
+        k, S = size[keep].sum(), G[keep].sum(0)
+        now = cost(S / k)
+        if now == 0: break
+        rest = k - size
+        with np.errstate(divide="ignore", invalid="ignore"):
+            new = np.clip(np.abs((S[None, :] - G) / rest[:, None] - chance) - tol, 0, None).sum(1) + penalty + jitter
+        new[~keep | (rest < 1)] = np.inf
+        i = int(np.argmin(new))
+        if new[i] >= now: break
+        keep[i] = False
+    return keep
+
 # %% ../../nbs/24_validate/02_chance.ipynb #70ba2d14
 def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, Mapping]], names: Sequence[str],
                      tol: float = CHANCE_TOL, protect: Callable[[dict], bool] | None = None, seed: int = 0,
@@ -129,10 +178,7 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
     n = len(records)
     if n == 0 or not names: return [True] * n
     chance = np.array([1.0 / len(r["options"]) for r in records]).mean()
-    def hit(r, a):
-        if right is not None and a in right.get(r["qid"], {}): return float(right[r["qid"]][a])
-        return expected_right(r, preds.get(r["qid"], {}).get(a) or {"pred": None, "proba": None})
-    R = np.array([[hit(r, a) for a in names] for r in records])
+    R = _right_matrix(records, preds, names, right)
     if accept is not None and np.all(np.abs(R.mean(0) - chance) <= accept + 1e-12): return [True] * n
     gid, keys = _group_index(records, groups)
     at = {g: i for i, g in enumerate(keys)}
@@ -141,35 +187,10 @@ def chance_subsample(records: Sequence[dict], preds: Mapping[str, Mapping[str, M
     G, size = M @ R, M.sum(1)                                # right answers and members per group
     prot = M @ np.array([float(bool(protect and protect(r))) for r in records]) > 0
     if method == "ilp":
-        first = {}
-        for i, g in enumerate(gid): first.setdefault(g, i)
-        fam = [scan_family(records[first[g]]) if records[first[g]].get("scan_id") else g for g in keys]
-        caps = [family_cap] if family_cap is None else list(dict.fromkeys([family_cap, *(c for c in (0.5, None) if c is None or c > family_cap)]))
-        L = None if letter_slack is None else M @ np.array([[float(r.get("answer_letter") == l) for l in LETTERS] for r in records])
-        for lt in ([None] if L is None else [L, None]):
-            for cap in caps:             # a cap the task cannot meet with 2 questions per letter is relaxed: a half, then none
-                keep = _keep_ilp(G, size, chance, tol, np.where(prot, protect_weight, 1.0), fam, cap, lt, letter_slack or 0)
-                if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
-                if cap is not None: get_logger(__name__).info("no kept set with at most %.0f%% of a task per scan family; relaxing", 100 * cap)
-            if keep is not None and size[keep].sum() >= 2 * len(LETTERS): break
-            if lt is not None: get_logger(__name__).info("no kept set with letters within %s of a quarter; without that limit", letter_slack)
+        keep = _ilp_subsample(records, gid, keys, M, G, size, prot, chance, tol, protect_weight, family_cap, letter_slack)
         if keep is not None: return [bool(keep[at[g]]) for g in gid]
         get_logger(__name__).warning("the linear program found no subset; dropping questions one at a time instead")
-    penalty = np.where(prot, 1e-6, 0.0)
-    jitter = np.random.default_rng(seed).uniform(0, 1e-9, len(keys))
-    keep = np.ones(len(keys), bool)
-    cost = lambda acc: float(np.clip(np.abs(acc - chance) - tol, 0, None).sum())
-    while size[keep].sum() > 4:
-        k, S = size[keep].sum(), G[keep].sum(0)
-        now = cost(S / k)
-        if now == 0: break
-        rest = k - size
-        with np.errstate(divide="ignore", invalid="ignore"):
-            new = np.clip(np.abs((S[None, :] - G) / rest[:, None] - chance) - tol, 0, None).sum(1) + penalty + jitter
-        new[~keep | (rest < 1)] = np.inf
-        i = int(np.argmin(new))
-        if new[i] >= now: break
-        keep[i] = False
+    keep = _greedy_subsample(G, size, prot, chance, tol, seed)
     return [bool(keep[at[g]]) for g in gid]
 
 # %% ../../nbs/24_validate/02_chance.ipynb #e2b4ff2e

@@ -306,8 +306,7 @@ def decide(t: Triviality, c: ValidateConfig) -> tuple[list[dict], list[dict]]:
     return kept, removed
 
 # %% ../../nbs/24_validate/03_pipeline.ipynb #5a46dea3
-def _blind_summary(records: Sequence[dict], kept: list[dict], removed: list[dict], t: Triviality, ans: Sequence,
-                   c: ValidateConfig) -> dict:
+def _blind_summary(kept: list[dict], removed: list[dict], t: Triviality, ans: Sequence, c: ValidateConfig) -> dict:
     "Blind accuracy before and after the filter, per task, on the kept and on the removed questions."
     if not ans: return {"chance_mc": 0.25, "kept": {}, "removed": {}, "before_by_task": {}, "after_by_task": {}, "expected_after_by_task": {}}
     after = {r["qid"]: {a: {"pred": p, "proba": None} for a, p in (r.get("blind") or {}).items()} for r in kept}   # as kept records letter them
@@ -333,7 +332,7 @@ def summarise(records: Sequence[dict], kept: list[dict], removed: list[dict], t:
                      "split_seeds": t.seeds, "tol": c.tol, "method": c.method, "family_cap": c.family_cap,
                      "protect_weight": c.protect_weight, "letter_slack": c.letter_slack},
         "rounds": t.rounds,
-        "blind": _blind_summary(records, kept, removed, t, ans, c),
+        "blind": _blind_summary(kept, removed, t, ans, c),
         "pairs": pair_summary(kept, records),
         "families_by_task": {task: {"families": len(n), "max_share": round(max(n.values()) / sum(n.values()), 4)}
                              for task in TASKS if (n := Counter(scan_family(r) for r in kept if r["task"] == task))},
