@@ -419,7 +419,7 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
                    "own (cohort.json, truth, report); totalsegmentator: sNNNN/ct.nii.gz and segmentations/<structure>.nii.gz "
                    "(default: cohort)")
     g.set_defaults(func=_phantom)
-    k = sub.add_parser("check-params", help="refuse a params file that holds a secret (run before every DVC stage)")
+    k = sub.add_parser("check-params", help="refuse a params file that holds a secret (every DVC stage checks it: spatialvqa-stage)")
     k.add_argument("params", nargs="?", default="params.yaml", help="the parameters file (default: params.yaml)")
     k.set_defaults(func=_check_params)
     for stage in STAGE_COMMANDS:         # the pipeline's steps, from their stage notebooks (read, not imported)

@@ -281,7 +281,7 @@ def test_dvc_stage_refuses_a_secret_in_params_before_papermill_writes(tmp_path):
     assert all((st.get("do") or st)["cmd"].startswith("spatialvqa-stage ") for st in stages.values())
     llm = json.dumps({"backend": "openai", "model": "m", "api_key": KEY})
     (tmp_path / "params.yaml").write_text(f"validate:\n  llm: '{llm}'\n")
-    cmd = f"spatialvqa-stage validate --dvc-file {ROOT / 'dvc.yaml'} -p questions q.jsonl"
+    cmd = f"spatialvqa-stage validate --dvc-file {ROOT / 'dvc.yaml'} --params params.yaml -p questions q.jsonl"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "params.yaml: validate.llm.api_key" in r.stderr and KEY not in r.stderr + r.stdout

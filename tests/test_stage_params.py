@@ -95,14 +95,14 @@ def foreach_keys(stage: str) -> list[str | None]:
 def test_parameters_arrive_one_way(stage, monkeypatch):
     """A command names files, never a params.yaml value (`${section.name}`): those come from the stage's `params:` list,
     and every value listed there finds a parameter of the notebook (the runner refuses one that does not)."""
-    from spatialvqa.runner import cli_value, stage_parameters_of
+    from spatialvqa.runner import stage_parameters_of
     cmd = stage_commands()[stage]
     assert cmd.split()[:2] == ["spatialvqa-stage", stage], cmd
     assert not re.findall(r"\$\{(?!key\})[^}]*\}", cmd), f"{stage}: a params.yaml value spelled out in its cmd"
     monkeypatch.chdir(ROOT)
     for key in foreach_keys(stage):
         words = shlex.split(cmd.replace("${key}", key or ""))
-        given = {words[i + 1]: cli_value(words[i + 2]) for i, w in enumerate(words[:-2]) if w == "-p"}
+        given = {words[i + 1]: words[i + 2] for i, w in enumerate(words[:-2]) if w == "-p"}
         nb, values = stage_parameters_of(stage, given, key)
         assert nb == Path("nbs/stages") / f"{stage}.ipynb" and set(given) <= set(values)
 
