@@ -279,3 +279,17 @@ def test_pipeline_benchmark():
                 v = read_scan(ROOT / path if not Path(path).is_absolute() else path, None, sid).labels
                 cache[sid] = structures_of(v.array, v.affine)
         assert check_record(r, cache) == [], r["qid"]
+
+
+# The questions of the shared 4-phantom benchmark, hashed (their file paths aside: they name the session's temporary
+# folder). A refactor of spatialvqa.questions or spatialvqa.phantom must leave this unchanged; a change meant to alter
+# the questions updates it, and says so in its commit (the pipeline's results then change too).
+GOLDEN_QUESTIONS = ("3016cd9b0287c072cd69377388ac4b8cec9d8732da91ac83ad87397740bb9142", 116)   # 34637cf and today
+
+
+def test_generated_questions_are_byte_for_byte_todays(phantom_benchmark):
+    import hashlib
+    recs = [{k: v for k, v in r.items() if k not in ("images", "label_maps")} for r in phantom_benchmark["recs"]]
+    text = json.dumps(recs, sort_keys=True, default=str)
+    assert str(phantom_benchmark["dir"]) not in text                          # no temporary path left in what is hashed
+    assert (hashlib.sha256(text.encode()).hexdigest(), len(recs)) == GOLDEN_QUESTIONS
