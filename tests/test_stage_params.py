@@ -83,12 +83,11 @@ def test_dvc_passes_only_known_parameters(stage):
     assert len(names) == len(set(names)), f"{stage}: a parameter passed twice"
 
 
-def foreach_keys(stage: str) -> list[str | None]:
-    "The keys a stage runs for: a foreach stage's entries (its `foreach` names a params.yaml table), else [None]."
-    st = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]
-    if "foreach" not in st: return [None]
-    from spatialvqa.runner import param_at
-    return list(param_at(yaml.safe_load((ROOT / "params.yaml").read_text()), st["foreach"].strip("${}")))
+def keys_of(stage: str) -> list[str | None]:
+    "The keys a stage runs for, as the runner reads them (`runner.foreach_keys`); [None] for a stage without entries."
+    from spatialvqa.runner import foreach_keys, stage_spec
+    keys = foreach_keys(stage_spec(stage, ROOT / "dvc.yaml")[2], yaml.safe_load((ROOT / "params.yaml").read_text()))
+    return [None] if keys is None else keys
 
 
 @pytest.mark.parametrize("stage", sorted(stage_commands()))
@@ -100,7 +99,7 @@ def test_parameters_arrive_one_way(stage, monkeypatch):
     assert cmd.split()[:2] == ["spatialvqa-stage", stage], cmd
     assert not re.findall(r"\$\{(?!key\})[^}]*\}", cmd), f"{stage}: a params.yaml value spelled out in its cmd"
     monkeypatch.chdir(ROOT)
-    for key in foreach_keys(stage):
+    for key in keys_of(stage):
         words = shlex.split(cmd.replace("${key}", key or ""))
         given = {words[i + 1]: words[i + 2] for i, w in enumerate(words[:-2]) if w == "-p"}
         nb, values = stage_parameters_of(stage, given, key)
