@@ -72,8 +72,7 @@ def foreach_keys(foreach, params: Mapping, where: str = "params.yaml") -> list[s
     "The entries a `foreach` stage runs over (None: not a foreach stage)."
     if foreach is None: return None
     if isinstance(foreach, str) and foreach.startswith("${") and foreach.endswith("}"): foreach = param_at(params, foreach[2:-1], where)
-    if isinstance(foreach, Mapping): return [str(k) for k in foreach]
-    if isinstance(foreach, list): return [str(k) for k in foreach]
+    if isinstance(foreach, (Mapping, list)): return [str(k) for k in foreach]   # a mapping's keys, a list's items
     raise ValueError(f"foreach {foreach!r}: neither a list nor a mapping")
 
 # %% ../nbs/48_runner.ipynb #6864e002
