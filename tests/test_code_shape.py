@@ -38,6 +38,8 @@ def test_the_figures_see_what_they_count(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(70))
     (pkg / "a.py").write_text(f"def long():\n{body}\n    return 0\n\nTHING = 1\n_private = 1\nlog = None\n" + "\n" * 800)
     (pkg / "c.py").write_text("x = 1\n" + "y = '" + "a" * 116 + "'\n" + "z = '" + "a" * 114 + "'\n")   # 122 and 120
+    (pkg / "d.py").write_text("from fastcore.basics import patch\nclass K2: pass\n@patch\ndef m(self: K2): pass\n")
+    (pkg / "e.py").write_text("import fastcore.basics as fb\nclass K3: pass\n@fb.patch(as_prop=True)\ndef m(self: K3): pass\n")
     (pkg / "b.py").write_text("THING = 2\n_private = 2\nlog = None\ndef add_cli(sub): pass\nclass K:\n    def m(self): pass\n")
     (pkg / "_modidx.py").write_text("\n" * 900)
     cell = {"cell_type": "code", "id": "c1", "metadata": {}, "source": ["#| export\n"] + [f"y{i} = {i}\n" for i in range(61)]}
@@ -47,7 +49,7 @@ def test_the_figures_see_what_they_count(tmp_path):
     f = cs.figures(tmp_path)
     assert list(f["modules"]) == ["spatialvqa.a"] and list(f["functions"]) == ["spatialvqa.a.long"]
     assert f["functions"]["spatialvqa.a.long"] == 72 and f["cells"] == {"01_x.ipynb#c1": 61}
-    assert f["names"] == {"THING": ["spatialvqa.a", "spatialvqa.b"]}
+    assert f["names"] == {"THING": ["spatialvqa.a", "spatialvqa.b"]}          # `m`, patched onto two classes, is not
     assert f["crowded"] == {"01_x.ipynb#c3": 4}          # four definitions; the 61-line cell is a data table
     assert f["long_lines"] == {"spatialvqa/c.py:2": 122}
     assert "1 modules over 800 lines: spatialvqa.a" in cs.report(f)
