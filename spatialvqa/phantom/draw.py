@@ -154,11 +154,13 @@ def _hu_key(name: str) -> str:
     if name in ("aorta", "inferior_vena_cava", "superior_vena_cava") or name.startswith("iliac_"): return "vessel"
     return name
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #3887e208
 def _smooth_noise(shape, sigma_vox, rng) -> np.ndarray:
     "Unit-variance Gaussian noise smoothed by `sigma_vox` (per axis)."
     n = ndimage.gaussian_filter(rng.standard_normal(shape, dtype=np.float32), sigma_vox)
     return n / (n.std() + 1e-9)
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #371bf528
 def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.ndarray, phase: int,
             tumours: list[dict], rng: np.random.Generator, noise_hu: float) -> np.ndarray:
     sp = np.array(grid.spacing)
