@@ -160,6 +160,10 @@ _TS_SEGMENTATIONS |= {
     "portal_vein_and_splenic_vein": "ce5e330de4559ebac19c9fc22512977dc9fb255efa1c40ccf66bd8fc61dc837a",
     "prostate": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "pulmonary_vein": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+}
+
+# %% ../nbs/10_fetch.ipynb #0f38cf43
+_TS_SEGMENTATIONS |= {
     "rib_left_1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "rib_left_10": "e2f3cb12f24e116aaebab29340b90e08d5a2f38abcf5fea212593d5aeec99fe2",
     "rib_left_11": "6a97e1c409efb2845865df1358964ba6582bc994e7fabbbda47fa860a6e8c6f4",
@@ -203,6 +207,10 @@ _TS_SEGMENTATIONS |= {
     "thyroid_gland": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "trachea": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "urinary_bladder": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+}
+
+# %% ../nbs/10_fetch.ipynb #a3000a96
+_TS_SEGMENTATIONS |= {
     "vertebrae_C1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "vertebrae_C2": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "vertebrae_C3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
