@@ -314,6 +314,7 @@ REFERENCES: dict[str, str] = {
     "Bekerman2014": "Bekerman I, Gottlieb P, Vaiman M (2014) Variations in eyeball diameters of the healthy adults. J Ophthalmol 2014:503645",
 }
 
+# %% ../nbs/12_anatomy.ipynb #b4224d25
 SIDES: tuple[str, ...] = ("right", "left", "midline")
 DEPTHS: tuple[str, ...] = ("anterior", "middle", "posterior")
 LEVELS: tuple[str, ...] = (*(f"C{i}" for i in range(1, 8)), *(f"T{i}" for i in range(1, 13)), *(f"L{i}" for i in range(1, 6)),
@@ -324,6 +325,7 @@ def level_index(level: str) -> int:
     try: return LEVELS.index(level)
     except ValueError: raise ValueError(f"unknown vertebral level {level!r}; expected one of {', '.join(LEVELS)}") from None
 
+# %% ../nbs/12_anatomy.ipynb #e7e7a516
 @dataclasses.dataclass(frozen=True)
 class Reference:
     """Reference anatomy of one adult structure: volumes (mL), named linear sizes (mm), position and sources.
@@ -362,6 +364,7 @@ _KIDNEY_NOTE = ("volume: ICRP 89 kidneys 310 g (M) / 275 g (F) for both, about 1
 _LUNG_NOTE = ("total CT lung volume at full inspiration about 4-7 L (TLC, Quanjer 1993); lobe shares are rounded textbook "
               "proportions (right lung ~55 %); strongly dependent on inspiration depth; plausible covers hyperinflation and collapse")
 
+# %% ../nbs/12_anatomy.ipynb #41a3eb5c
 REFERENCE: dict[str, Reference] = {r.name: r for r in [
     _R("liver", 1500, (1000, 2000), (500, 4500), "right", ("T10", "L2"), "middle",
        {"craniocaudal": (172, 136, 212), "anteroposterior": (158, 126, 198), "transverse": (197, 158, 246),
@@ -407,6 +410,10 @@ REFERENCE: dict[str, Reference] = {r.name: r for r in [
        {"transverse": (45, 35, 55)}, ("ICRP89", "Berry1984", "Standring2020"),
        "ICRP 89 17 g; about 20 g in young men, growing with benign hyperplasia from the fifth decade (Berry 1984); "
        "above 30 mL counts as enlarged; behind the pubic symphysis, below the bladder; men only"),
+]}
+
+# %% ../nbs/12_anatomy.ipynb #a5fab9ea
+REFERENCE |= {r.name: r for r in [
     _R("thyroid_gland", 18, (8, 25), (3, 150), "midline", ("C5", "T1"), "anterior",
        {"lobe_length": (50, 40, 60)}, ("ICRP89", "Standring2020"), "ICRP 89 20 / 17 g; goitre can exceed 100 mL"),
     _R("heart", 700, (450, 1000), (300, 1800), "left", ("T5", "T9"), "anterior", {},
@@ -442,6 +449,10 @@ REFERENCE: dict[str, Reference] = {r.name: r for r in [
     _R("lung_lower_lobe_right", 1250, (400, 2400), (100, 3800), "right", ("T4", "T11"), "posterior", {}, ("Quanjer1993",), _LUNG_NOTE),
     _R("lung_upper_lobe_left", 1150, (400, 2200), (100, 3500), "left", ("T1", "T8"), "anterior", {}, ("Quanjer1993",), _LUNG_NOTE),
     _R("lung_lower_lobe_left", 1150, (400, 2400), (100, 3800), "left", ("T4", "T11"), "posterior", {}, ("Quanjer1993",), _LUNG_NOTE),
+]}
+
+# %% ../nbs/12_anatomy.ipynb #80df0ac6
+REFERENCE |= {r.name: r for r in [
     # lesions: sizes as diameters; volumes are those of balls of the plausible diameters
     *[_R(n, round(_ball_ml(d[0]), 1), None, (round(_ball_ml(d[1]), 3), round(_ball_ml(d[2]), 1)), None, None, None,
          {"diameter": d}, src, note) for n, d, src, note in [
@@ -453,6 +464,10 @@ REFERENCE: dict[str, Reference] = {r.name: r for r in [
         ("lung_nodule", (8, 3, 30), ("MacMahon2017",), "Fleischner: nodules are under 30 mm"),
         ("spleen_tumor", (25, 5, 150), ("Standring2020",), "our judgement: focal splenic lesions rarely exceed the spleen's thickness"),
     ]],
+]}
+
+# %% ../nbs/12_anatomy.ipynb #7602bde9
+REFERENCE |= {r.name: r for r in [
     # head and neck: volumes as the Brouwer 2015 consensus contours them; positions (head_mm) are our estimate from
     # the atlas's landmarks and Gray's, to the nearest 5 mm: a textbook's, not a measurement
     _R("brainstem", 28, (22, 34), (12, 50), "midline", None, "posterior", {}, ("Nikolov2018", "Brouwer2015", "Standring2020"),
@@ -493,6 +508,7 @@ REFERENCE: dict[str, Reference] = {r.name: r for r in [
       for s, t, n, p in (("left", 2300, (1000, 4200), (200, 5500)), ("right", 2700, (1000, 4200), (200, 5500)))],
 ]}
 
+# %% ../nbs/12_anatomy.ipynb #3aeb63a1
 def reference(name: str) -> Reference | None:
     "The `Reference` of a structure, or None when the table has none."
     return REFERENCE.get(name)

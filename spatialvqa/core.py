@@ -137,6 +137,7 @@ def _secret_name(key) -> bool:
     k = re.sub(r"[^a-z0-9]+", "_", str(key).lower()).strip("_")
     return not k.endswith("_env") and bool(_SECRET_NAME.search(k))
 
+# %% ../nbs/00_core.ipynb #fa77d9b5
 def check_no_secrets(config, where: str = "config"):
     "`config` unchanged when no key at any depth looks like a secret; else a `SecretOptionError` naming it and `api_key_env`."
     def walk(o, path):
@@ -162,6 +163,7 @@ def check_no_secrets(config, where: str = "config"):
     walk(config, where)
     return config
 
+# %% ../nbs/00_core.ipynb #2d071ecb
 _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 
 def mask_secrets(text, extra: Iterable[str | None] = ()) -> str:

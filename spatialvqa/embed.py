@@ -31,6 +31,7 @@ def torch_threads(n: int | None) -> Iterator[None]:
     try: yield
     finally: torch.set_num_threads(before)
 
+# %% ../nbs/03_embed.ipynb #0de72513
 @lru_cache(maxsize=8)
 def _folder_digest(folder: str) -> str:
     h = hashlib.sha256()
@@ -46,6 +47,7 @@ def embedder_key(model: str | os.PathLike | None = None, device: str = "cpu") ->
     if p is None: raise LookupError(sbert_missing(model) or "no SBERT model")
     return f"{p.name}-{_folder_digest(str(p.resolve()))}-{device}"
 
+# %% ../nbs/03_embed.ipynb #b2bd996c
 class EmbeddingCache:
     "Float32 vectors by text in `<folder>/<key>.sqlite3` (key: `embedder_key`), looked up by the SHA-256 of each text."
     def __init__(self, folder: str | os.PathLike, key: str):
@@ -113,6 +115,7 @@ def load_sbert(model: str | None = None, device: str = "cpu"):
     from sentence_transformers import SentenceTransformer
     return SentenceTransformer(str(model or sbert_model_path()), device=device)
 
+# %% ../nbs/03_embed.ipynb #e16f6c98
 _SBERT_CACHE: dict[tuple[str, str], dict[str, np.ndarray]] = {}
 EMBED_CACHE_ENV = "SPATIALVQA_EMBED_CACHE"   # default folder of the persistent cache (unset: none)
 SBERT_THREADS = 1     # torch threads of an encoding: with more, the last bits of a vector follow the thread count
@@ -126,6 +129,7 @@ def _worker_encode(args) -> np.ndarray:
     model, device, texts = args
     return _encode(load_sbert(model, device), texts)
 
+# %% ../nbs/03_embed.ipynb #dec30bc2
 def sbert_embed(texts: Sequence[str], model: str | None = None, batch_size: int = 64, device: str = "cpu",
                 cache: str | os.PathLike | None = None, workers: int = 1) -> np.ndarray:
     """Unit-normalised sentence embeddings (n, d) of `texts`. Each distinct text is encoded once per process and
@@ -166,4 +170,3 @@ def sbert_embed(texts: Sequence[str], model: str | None = None, batch_size: int 
             if store is not None: store.put(zip(chunk, emb))
     if not texts: return np.zeros((0, st.get_sentence_embedding_dimension()), dtype=np.float32)
     return np.stack([memo[t] for t in texts])
-

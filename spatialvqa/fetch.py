@@ -135,6 +135,10 @@ _TS_SEGMENTATIONS: dict[str, str] = {  # s0001/segmentations/<class>.nii.gz <- e
     "hip_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "humerus_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "humerus_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+}
+
+# %% ../nbs/10_fetch.ipynb #7d5aefdb
+_TS_SEGMENTATIONS |= {
     "iliac_artery_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "iliac_artery_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "iliac_vena_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
@@ -156,6 +160,10 @@ _TS_SEGMENTATIONS: dict[str, str] = {  # s0001/segmentations/<class>.nii.gz <- e
     "portal_vein_and_splenic_vein": "ce5e330de4559ebac19c9fc22512977dc9fb255efa1c40ccf66bd8fc61dc837a",
     "prostate": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "pulmonary_vein": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+}
+
+# %% ../nbs/10_fetch.ipynb #0f38cf43
+_TS_SEGMENTATIONS |= {
     "rib_left_1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "rib_left_10": "e2f3cb12f24e116aaebab29340b90e08d5a2f38abcf5fea212593d5aeec99fe2",
     "rib_left_11": "6a97e1c409efb2845865df1358964ba6582bc994e7fabbbda47fa860a6e8c6f4",
@@ -180,6 +188,10 @@ _TS_SEGMENTATIONS: dict[str, str] = {  # s0001/segmentations/<class>.nii.gz <- e
     "rib_right_7": "12ab959208c70a0b324afcb7ada43af1dec293f436e06985b3da5b7525c3e04d",
     "rib_right_8": "a8218b1ce3a91eda96749619418b148aeae4c3230f95cd6c8c49553b94824a32",
     "rib_right_9": "507c3bd0a684b18649c440947e2746a9d713f06cc2b020a416aef18222bb9796",
+}
+
+# %% ../nbs/10_fetch.ipynb #40c4d0a6
+_TS_SEGMENTATIONS |= {
     "sacrum": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "scapula_left": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "scapula_right": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
@@ -195,6 +207,10 @@ _TS_SEGMENTATIONS: dict[str, str] = {  # s0001/segmentations/<class>.nii.gz <- e
     "thyroid_gland": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "trachea": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "urinary_bladder": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
+}
+
+# %% ../nbs/10_fetch.ipynb #a3000a96
+_TS_SEGMENTATIONS |= {
     "vertebrae_C1": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "vertebrae_C2": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "vertebrae_C3": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
@@ -221,6 +237,8 @@ _TS_SEGMENTATIONS: dict[str, str] = {  # s0001/segmentations/<class>.nii.gz <- e
     "vertebrae_T8": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
     "vertebrae_T9": "4fb6eebfbc6cbfd73a9f093cca3ac6589f57f14363f94dc90d674a5f97941fd8",
 }
+
+# %% ../nbs/10_fetch.ipynb #0f86acd4
 _TS_DICOM: dict[str, str] = {  # dicom_example/ct/<file> <- example_ct_dicom/<file>
     "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016573": "4c5633409fa4d3edf6871e5684e9e1b10325b4d0949997582f43b23a684d0dc4",
     "CT.1.3.12.2.1107.5.1.4.60064.30000022120808113428000016574": "9148f91127145497f4d6c6f0780f9452504cd7fe5088ec8f2bf2b21800c731ff",
@@ -255,7 +273,6 @@ SOURCES["totalsegmentator"] = Source(
      _ts("dicom_example/seg.nii.gz", _TS_REF + "example_seg_dicom.nii.gz", "98af7f6536c316ff9084054f20956cd3e28af376b81d582d269fbea2744878fc"),
      _ts("LICENSE", _TS + "LICENSE", "c71d239df91726fc519c6eb72d318ec65820627232b2f796219e87dcf35d0ab4")))
 
-
 # %% ../nbs/10_fetch.ipynb #8f00d6a4
 class FetchError(RuntimeError):
     "A pinned file could not be had, or did not match its digest."
@@ -281,6 +298,7 @@ def _gzip_into(src: Path, dest: Path) -> None:
     with open(src, "rb") as fi, atomic_write(dest, "wb") as fo, gzip.GzipFile(filename="", mode="wb", fileobj=fo, mtime=0) as gz:
         shutil.copyfileobj(fi, gz, 1 << 20)
 
+# %% ../nbs/10_fetch.ipynb #0c58c8fb
 def _download_member(url: str, dest: Path, timeout: float, archives: dict) -> None:
     "Download the tar archive of `<archive URL>#<member>` once (kept in `archives` for the next member), extract the member."
     base, member = url.split("#", 1)
@@ -294,6 +312,7 @@ def _download_member(url: str, dest: Path, timeout: float, archives: dict) -> No
         if f is None: raise OSError(f"{base}: {member} is not a file")
         with f, atomic_write(dest, "wb") as fo: shutil.copyfileobj(f, fo, 1 << 20)
 
+# %% ../nbs/10_fetch.ipynb #c2be1978
 def fetch_file(rf: RemoteFile, out: str | os.PathLike, mirror: str | os.PathLike | None = None,
                online: bool = True, base_url: str | None = None, timeout: float = 60.0,
                archives: dict | None = None) -> dict:

@@ -214,6 +214,7 @@ def _roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         np.minimum.at(p, np.maximum(pa, pb)[cross], np.minimum(pa, pb)[cross])
         while not np.array_equal(q := p[p], p): p = q
 
+# %% ../nbs/15_measure.ipynb #2e95ef21
 class _Pieces:
     "The pieces of successive slabs, joined through the planes they share; `counts()`: pieces per label."
     def __init__(self, plane: int):
@@ -262,7 +263,6 @@ class _Pieces:
         self.add(len(labels), piece + 1, None, start, value)
         self.labels[-1][1:] = labels
 
-
 # %% ../nbs/15_measure.ipynb #45089658
 def _namer(labelmap: Mapping[int | str, str] | None) -> Callable[[int], str]:
     labelmap = labelmap or {}
@@ -284,6 +284,7 @@ def _cores() -> int:
     "CPU cores this process may run on."
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
+# %% ../nbs/15_measure.ipynb #57b3c2b9
 def _measure_slabs(view: np.ndarray, bounds: Sequence[tuple[int, int]], mv: np.ndarray, t: np.ndarray, oblique: bool,
                    connectivity: int | None, threads: int) -> tuple[dict, _Pieces]:
     "Merged statistics and the `_Pieces` (when `connectivity` is given) of the slabs `bounds` of `view`, in order."
@@ -299,6 +300,7 @@ def _measure_slabs(view: np.ndarray, bounds: Sequence[tuple[int, int]], mv: np.n
             if pc is not None: pieces.add(*pc, start, value)
     return _merge_stats(stats), pieces
 
+# %% ../nbs/15_measure.ipynb #25e7f4a2
 _FORK_SLABS = 8  # fewer slabs than this are measured in one process: a fork costs more than half of them
 
 def _forked(fn: Callable[[], object]) -> Callable[[], tuple[bool, object]]:
@@ -321,6 +323,32 @@ def _forked(fn: Callable[[], object]) -> Callable[[], tuple[bool, object]]:
         return pickle.loads(data) if data else (False, None)
     return result
 
+# %% ../nbs/15_measure.ipynb #fd4a132c
+def _label_structures(st: dict, counts: dict | None, m: np.ndarray, mv: np.ndarray, t: np.ndarray, oblique: bool,
+                      order: Sequence[int], labelmap: Mapping[int | str, str] | None) -> list[Structure]:
+    """One `Structure` per label of the merged statistics `st` of the transposed map (`order`, `mv`): volume,
+    centroid and box in world mm, index box in the map's own axes, and pieces (`counts`)."""
+    centroid = (mv @ (st["sums"] / st["count"]) + t[:, None]).T
+    if oblique: wlo, whi = st["wlo"].T, st["whi"].T
+    else:  # the world box is the image of the index box: its extremes are among the 8 corners
+        corners = np.array(list(itertools.product((0, 1), repeat=3)))
+        pts = np.stack([st["lo"], st["hi"]])[corners, np.arange(3)[None, :], :]  # (8 corners, 3 axes, labels)
+        world = np.einsum("dc,pcl->pdl", mv, pts) + t[None, :, None]
+        wlo, whi = world.min(0).T, world.max(0).T
+    voxel_mm3 = abs(float(np.linalg.det(m)))
+    name = _namer(labelmap)
+    inv = np.argsort(order)  # original axis -> view axis
+    out = []
+    for n, l in enumerate(st["ids"].tolist()):
+        out.append(Structure(
+            label=l, name=name(l), voxels=int(st["count"][n]), volume_ml=int(st["count"][n]) * voxel_mm3 / 1000,
+            centroid=tuple(centroid[n].tolist()), bbox_min=tuple(wlo[n].tolist()), bbox_max=tuple(whi[n].tolist()),
+            components=None if counts is None else counts.get(l, 0),
+            index_min=tuple(int(st["lo"][inv[a], n]) for a in range(3)),
+            index_max=tuple(int(st["hi"][inv[a], n]) for a in range(3))))
+    return out
+
+# %% ../nbs/15_measure.ipynb #5ee0800c
 def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = True, connectivity: int = 26,
                    labelmap: Mapping[int | str, str] | None = None, threads: int | None = None,
                    processes: int = 1) -> list[Structure]:
@@ -361,25 +389,7 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
     else: st, pieces = slabs(bounds)
     if not len(st["ids"]): return []
     counts = pieces.counts() if components else None
-    centroid = (mv @ (st["sums"] / st["count"]) + t[:, None]).T
-    if oblique: wlo, whi = st["wlo"].T, st["whi"].T
-    else:  # the world box is the image of the index box: its extremes are among the 8 corners
-        corners = np.array(list(itertools.product((0, 1), repeat=3)))
-        pts = np.stack([st["lo"], st["hi"]])[corners, np.arange(3)[None, :], :]  # (8 corners, 3 axes, labels)
-        world = np.einsum("dc,pcl->pdl", mv, pts) + t[None, :, None]
-        wlo, whi = world.min(0).T, world.max(0).T
-    voxel_mm3 = abs(float(np.linalg.det(m)))
-    name = _namer(labelmap)
-    inv = np.argsort(order)  # original axis -> view axis
-    out = []
-    for n, l in enumerate(st["ids"].tolist()):
-        out.append(Structure(
-            label=l, name=name(l), voxels=int(st["count"][n]), volume_ml=int(st["count"][n]) * voxel_mm3 / 1000,
-            centroid=tuple(centroid[n].tolist()), bbox_min=tuple(wlo[n].tolist()), bbox_max=tuple(whi[n].tolist()),
-            components=None if counts is None else counts.get(l, 0),
-            index_min=tuple(int(st["lo"][inv[a], n]) for a in range(3)),
-            index_max=tuple(int(st["hi"][inv[a], n]) for a in range(3))))
-    return out
+    return _label_structures(st, counts, m, mv, t, oblique, order, labelmap)
 
 # %% ../nbs/15_measure.ipynb #20885bdd
 def structures_table(structures: Iterable[Structure]) -> pd.DataFrame:

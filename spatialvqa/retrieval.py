@@ -69,6 +69,7 @@ def corpus_hash(passages: Sequence[Mapping]) -> str:
     "A stable hash of a corpus (ids and texts, in order)."
     return stable_hash([[p["id"], p["text"]] for p in passages], n=16)
 
+# %% ../nbs/04_retrieval.ipynb #2fd151f4
 class Retriever:
     """Top-k passages by cosine similarity of sentence embeddings (faiss IndexFlatIP); `model`: a sentence-transformers
     folder. Building one embeds every passage (`embed.sbert_embed`: `cache`, a folder of the content-hash cache, makes a
@@ -129,6 +130,7 @@ class Retriever:
         r.model_name = meta.get("model") or r.model_name
         return r
 
+# %% ../nbs/04_retrieval.ipynb #3b647e55
 def _count(xs: Iterable) -> dict:
     out: dict = {}
     for x in xs: out[x] = out.get(x, 0) + 1

@@ -252,7 +252,8 @@ def _read_nrrd(path: Path) -> tuple[np.ndarray, np.ndarray]:
 _DICOM_REQUIRED = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
-def _read_dicom_series(folder: Path, slice_tol_mm: float = 1e-2) -> tuple[np.ndarray, np.ndarray]:
+def _dicom_slices(folder: Path) -> list:
+    "(file, dataset) of every file of `folder`, each a readable single-slice DICOM with the tags a volume needs."
     import pydicom
     from pydicom.errors import InvalidDicomError
     files = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".") and f.name.upper() != "DICOMDIR")
@@ -267,6 +268,11 @@ def _read_dicom_series(folder: Path, slice_tol_mm: float = 1e-2) -> tuple[np.nda
         if int(ds.get("NumberOfFrames", 1) or 1) > 1:
             raise ScanError(folder, f"multi-frame DICOM ({f.name}) is not supported; expected one slice per file")
         slices.append((f, ds))
+    return slices
+
+# %% ../nbs/11_scan.ipynb #c3b1bbe5
+def _series_grid(folder: Path, slices: list) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    "The orientation cosines, pixel spacing and (rows, columns) that every slice of one series shares, else a ScanError."
     uids = {str(ds.get("SeriesInstanceUID", "")) for _, ds in slices}
     if len(uids) > 1: raise ScanError(folder, f"mixed series: {len(uids)} different SeriesInstanceUIDs in one folder")
     f0, ds0 = slices[0]
@@ -281,6 +287,10 @@ def _read_dicom_series(folder: Path, slice_tol_mm: float = 1e-2) -> tuple[np.nda
         if not np.allclose([float(v) for v in ds.PixelSpacing], ps, atol=1e-4):
             raise ScanError(folder, f"inconsistent pixel spacing: PixelSpacing differs between {f0.name} and {f.name}")
     if len(slices) < 2: raise ScanError(folder, f"2D volume: the series has a single slice ({f0.name}); expected a 3D volume")
+    return iop, ps, size
+
+def _slice_positions(folder: Path, slices: list, iop: np.ndarray, slice_tol_mm: float) -> tuple[list, np.ndarray, np.ndarray]:
+    "The slices sorted along the slice normal, their positions (LPS mm) and the one step between neighbours."
     row, col = iop[:3], iop[3:]
     normal = np.cross(row, col)
     pos = np.array([[float(v) for v in ds.ImagePositionPatient] for _, ds in slices])
@@ -294,6 +304,11 @@ def _read_dicom_series(folder: Path, slice_tol_mm: float = 1e-2) -> tuple[np.nda
     if dev > slice_tol_mm:
         gaps = np.linalg.norm(steps, axis=1)
         raise ScanError(folder, f"inconsistent slice spacing: steps between slices range {gaps.min():.4g}-{gaps.max():.4g} mm")
+    return slices, pos, step
+
+# %% ../nbs/11_scan.ipynb #bb6c858e
+def _slice_pixels(folder: Path, slices: list, size: tuple[int, int]) -> np.ndarray:
+    "The slices' values in Hounsfield units, as one (column, row, slice) array."
     try:
         planes, exact = [], True
         for f, ds in slices:
@@ -307,6 +322,14 @@ def _read_dicom_series(folder: Path, slice_tol_mm: float = 1e-2) -> tuple[np.nda
     for k, (px, slope, inter) in enumerate(planes):
         array[:, :, k] = (px.astype(np.float64) * slope + inter).T if not exact else (px.astype(np.int64) * int(slope) + int(inter)).T
     if exact and array.min() >= np.iinfo(np.int16).min and array.max() <= np.iinfo(np.int16).max: array = array.astype(np.int16)
+    return array
+
+def _read_dicom_series(folder: Path, slice_tol_mm: float = 1e-2) -> tuple[np.ndarray, np.ndarray]:
+    slices = _dicom_slices(folder)
+    iop, ps, size = _series_grid(folder, slices)
+    slices, pos, step = _slice_positions(folder, slices, iop, slice_tol_mm)
+    array = _slice_pixels(folder, slices, size)
+    row, col = iop[:3], iop[3:]
     lps = np.eye(4)
     lps[:3, 0], lps[:3, 1], lps[:3, 2], lps[:3, 3] = row * ps[1], col * ps[0], step, pos[0]
     return array, _LPS_TO_RAS @ lps

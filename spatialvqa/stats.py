@@ -52,6 +52,7 @@ def resampled_sums(values: np.ndarray, clusters, n_boot: int, seed: int, chunk: 
         reps[s:s + len(w)] = w @ per
     return per.sum(axis=0), reps
 
+# %% ../nbs/01_stats.ipynb #a9556979
 def bootstrap_means(values, clusters=None, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(estimates (m,), replicates (n_boot, m)) of the column means of `values` under the cluster bootstrap.
 
@@ -69,6 +70,7 @@ def bootstrap_means(values, clusters=None, n_boot: int = 2000, seed: int = 0) ->
         est, rep = tot[:m] / tot[m:], reps[:, :m] / reps[:, m:]
     return (float(est[0]), rep[:, 0]) if one else (est, rep)
 
+# %% ../nbs/01_stats.ipynb #1a251aeb
 def percentile_interval(reps: np.ndarray, alpha: float) -> tuple:
     "The (alpha/2, 1 - alpha/2) percentiles of bootstrap replicates, per column (NaN replicates ignored)."
     lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2], axis=0)

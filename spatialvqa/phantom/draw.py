@@ -154,11 +154,27 @@ def _hu_key(name: str) -> str:
     if name in ("aorta", "inferior_vena_cava", "superior_vena_cava") or name.startswith("iliac_"): return "vessel"
     return name
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #3887e208
 def _smooth_noise(shape, sigma_vox, rng) -> np.ndarray:
     "Unit-variance Gaussian noise smoothed by `sigma_vox` (per axis)."
     n = ndimage.gaussian_filter(rng.standard_normal(shape, dtype=np.float32), sigma_vox)
     return n / (n.std() + 1e-9)
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #9743c241
+def _draw_gas(img: np.ndarray, L: np.ndarray, Z: np.ndarray, bd: Body, sp: np.ndarray, rng: np.random.Generator) -> None:
+    "Gas into `img`, in place: the stomach's cap (`bd.A['stomach_gas']` of its height), colon gas and stool, small-bowel pockets."
+    st = L == NAME_TO_ID["stomach"]
+    if st.any() and bd.A["stomach_gas"] > 0.02:
+        zst = Z.ravel()[np.flatnonzero(st.any(axis=(0, 1)))]
+        zgas = zst.max() - bd.A["stomach_gas"] * (zst.max() - zst.min())
+        img[st & (np.broadcast_to(Z, L.shape) > zgas)] = -950
+    co = L == NAME_TO_ID["colon"]
+    g = _smooth_noise(L.shape, 4 / sp, rng)
+    img[co] = np.where(g[co] > 0.2, -900, -60 + 40 * g[co])
+    sb = L == NAME_TO_ID["small_bowel"]
+    img[sb & (g < -1.2)] = -900
+
+# %% ../../nbs/14_phantom/03_draw.ipynb #371bf528
 def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.ndarray, phase: int,
             tumours: list[dict], rng: np.random.Generator, noise_hu: float) -> np.ndarray:
     sp = np.array(grid.spacing)
@@ -192,16 +208,7 @@ def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.nd
     img[lung & (v > 2.0)] = 20
     img[lung] += 20 * tex[lung]
     # gas: stomach cap, colon mix, trachea lumen
-    st = L == NAME_TO_ID["stomach"]
-    if st.any() and bd.A["stomach_gas"] > 0.02:
-        zst = Z.ravel()[np.flatnonzero(st.any(axis=(0, 1)))]
-        zgas = zst.max() - bd.A["stomach_gas"] * (zst.max() - zst.min())
-        img[st & (np.broadcast_to(Z, L.shape) > zgas)] = -950
-    co = L == NAME_TO_ID["colon"]
-    g = _smooth_noise(L.shape, 4 / sp, rng)
-    img[co] = np.where(g[co] > 0.2, -900, -60 + 40 * g[co])
-    sb = L == NAME_TO_ID["small_bowel"]
-    img[sb & (g < -1.2)] = -900
+    _draw_gas(img, L, Z, bd, sp, rng)
     # partial volume, then correlated noise
     img = ndimage.gaussian_filter(img, 0.8 / sp)
     img += noise_hu * _smooth_noise(L.shape, 0.6, rng)
