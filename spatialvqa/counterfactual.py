@@ -270,6 +270,7 @@ def _plausible(name: str, volume_ml: float) -> bool:
     r = reference_range(name)
     return askable_size(name, volume_ml) and (r is None or r[0] <= volume_ml <= r[1])
 
+# %% ../nbs/23_counterfactual.ipynb #136fcd04
 RESIZE_GROUPS = ("pair", "tumour", "other")
 RESIZABLE = ("organ", "gland", "muscle", "lesion")     # categories whose size varies between people, as a whole
 NOT_RESIZED = frozenset({"lung_upper_lobe_left", "lung_lower_lobe_left", "lung_upper_lobe_right", "lung_middle_lobe_right",
@@ -281,7 +282,7 @@ def resizable(name: str) -> bool:
     info = ANATOMY.get(name)
     return info is not None and info.category in RESIZABLE and name not in NOT_RESIZED
 
-
+# %% ../nbs/23_counterfactual.ipynb #83a3feee
 def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], factors: Sequence[float] = (1.25, 0.8),
                       min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS) -> list[tuple[str, float, str]]:
     """`(name, factor, why)` in order of preference, before the resize itself is tried: the groups of `prefer`
@@ -315,6 +316,7 @@ def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], fa
                 groups[g].append((n, float(f), f"changes the {'tumour' if g == 'tumour' else 'structure'}'s volume and extents"))
     return [c for g in prefer for c in groups[g]]
 
+# %% ../nbs/23_counterfactual.ipynb #b190608b
 def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mapping | None = None,
                 max_loss: float = 0.2, min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS,
                 **kw) -> tuple[Scan, dict]:
@@ -399,6 +401,7 @@ def _same(a: Structure, b: Structure) -> bool:
 def _num(x) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
+# %% ../nbs/23_counterfactual.ipynb #0974a556
 def flipped(original: Mapping, counter: Mapping) -> bool:
     "Whether the counterfactual's answer differs from the original's (letters; numbers clearly apart)."
     if original["format"] == "mc": return original["answer_letter"] != counter["answer_letter"]
@@ -407,6 +410,7 @@ def flipped(original: Mapping, counter: Mapping) -> bool:
     lo, hi = sorted((abs(v0), abs(v1)))
     return abs(v1 - v0) > t0 + t1 and (lo == 0 or hi / lo >= MIN_RATIO)
 
+# %% ../nbs/23_counterfactual.ipynb #b240b99b
 def counterfactual_record(record: Mapping, context: ScanContext, kind: str, source: str | None = None,
                           image: str | None = None, labels: str | None = None,
                           unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None,
@@ -674,6 +678,7 @@ def _copy_answer(it: Mapping, spec: Mapping, structs: Sequence[Mapping]) -> dict
     try: return evaluate({"subtask": it["subtask"], "spec": dict(spec)}, structs)
     except (KeyError, ZeroDivisionError, ValueError, TypeError): return None
 
+# %% ../nbs/23_counterfactual.ipynb #81f94aab
 def flip_predicate(original: ScanContext, copies: Sequence[tuple[ScanContext, Sequence[str]]],
                    contexts: Mapping[str, ScanContext] | None = None) -> Callable[[dict], bool]:
     """The `accept` test of `generate_questions` for the scan `original`: a candidate item passes when its answer
@@ -718,6 +723,7 @@ def flip_predicate(original: ScanContext, copies: Sequence[tuple[ScanContext, Se
         return True
     return accept
 
+# %% ../nbs/23_counterfactual.ipynb #74f8e139
 def flip_predicates(structures: pd.DataFrame, scans: pd.DataFrame, min_voxels: int = MIN_VOXELS) -> dict[str, Callable[[dict], bool]]:
     """`flip_predicate` of every original scan with copies, from the measure stage's tables of originals and copies
     together (`split_copies` tells them apart): the `accept` argument of `generate_questions`."""

@@ -157,6 +157,7 @@ def _distinct(found: Iterable[tuple[str, int, int]]):
     found = list(found)
     return sorted({f[0] for f in found}), found
 
+# %% ../nbs/22_parse.ipynb #3f7c300f
 def parse_choice(text: str | None, options: Mapping[str, str] | Sequence[str] | None = None) -> Parse:
     "The option letter a model committed to in `text` (see the rules above), or why there is none."
     raw = _after_thinking(text or "")
@@ -208,6 +209,7 @@ def parse_choice(text: str | None, options: Mapping[str, str] | Sequence[str] | 
     if len(ls) > 1: return Parse(None, "ambiguous", note=f"letters {', '.join(ls)} mentioned")
     return Parse(None, "no_answer", note="no letter or option text")
 
+# %% ../nbs/22_parse.ipynb #6c9b7c56
 def extract_choice(text: str, options: Mapping[str, str] | Sequence[str]) -> str | None:
     "The option letter committed to in `text`, or None when there is none or more than one defensible answer."
     return parse_choice(text, options).value
@@ -232,6 +234,8 @@ UNIT_ALIASES = [  # (regex, unit); longest first
 ]
 _UNIT_RE = re.compile(r"\s*(?P<u>" + "|".join(f"(?:{a})" for a, _ in UNIT_ALIASES) + r")(?![A-Za-z0-9²³])", re.I)
 _SUP = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+
+# %% ../nbs/22_parse.ipynb #131f4e25
 _NUM = re.compile(r"(?<![A-Za-z0-9.,/])(?P<n>[1-9]\d{0,2}(?:,\d{3})+(?![\d,])(?:\.\d+)?|\d+(?:\.\d+|,\d+(?![\d,]|\.\d))?(?!,\d)|\.\d+)"
                   r"(?P<exp>\s*(?:[x×*]|times)\s*10\s*(?:\^\s*|\*\*\s*)?(?P<e>[-+]?\d+|[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+)|[eE](?P<e2>[-+]?\d+))?")
 _SKIP_BEFORE = re.compile(r"(?:segment|segments|slice|slices|series|step|image|figure|fig\.|level|scan|case|grade|stage|"
@@ -242,6 +246,7 @@ _STRONG = re.compile(r"(?P<final>final answer)|\banswer\b(?: is| would be)?|\bes
 _WEAK = re.compile(r"\b(?:volume|ratio|value|size|distance|length|height|width) (?:is|of|would be|=)|\btherefore\b|\bthus\b|"
                    r"\bso\b|in total|approximately|approx\.?|\babout\b|\baround\b|\broughly\b|~|≈", re.I)
 
+# %% ../nbs/22_parse.ipynb #dc1eb803
 def _unit_of(text: str) -> str | None:
     for a, u in UNIT_ALIASES:
         if re.fullmatch(a, text.strip(), re.I): return u
@@ -257,6 +262,7 @@ def _decimal(m: re.Match) -> Decimal:
     if e: d = d.scaleb(int(e.translate(_SUP)))
     return d
 
+# %% ../nbs/22_parse.ipynb #19c1b0ca
 def _candidates(text: str, family: str) -> list[dict]:
     "Every number in `text` with its unit (None when bare) and whether it may be the answer for `family`."
     out, consumed = [], 0
@@ -295,6 +301,7 @@ def _candidates(text: str, family: str) -> list[dict]:
         out.append(dict(value=value, unit=unit, start=start, end=end))
     return out
 
+# %% ../nbs/22_parse.ipynb #33d73c6d
 def _convert(value: Decimal, unit: str | None, want: str) -> Decimal | None:
     "`value` in `unit` (None: already in `want`) expressed in `want`; None when the families differ."
     if unit is None or unit == want: return value
@@ -313,6 +320,7 @@ def _range_at(text: str, c: dict, cands: list[dict]) -> dict | None:
         return None
     return None
 
+# %% ../nbs/22_parse.ipynb #395192e2
 def parse_number(text: str | None, unit: str = "mL") -> Parse:
     "The number a model committed to in `text`, converted to `unit` (one of `UNITS`), or why there is none."
     if unit not in UNITS: raise ValueError(f"unknown unit {unit!r}; expected one of {list(UNITS)}")
@@ -358,6 +366,7 @@ def parse_number(text: str | None, unit: str = "mL") -> Parse:
         if len(vals) > 1: return Parse(None, "ambiguous", note=f"{len(vals)} different numbers {how}")
     return Parse(None, "no_answer", note="no number")
 
+# %% ../nbs/22_parse.ipynb #1dd5c867
 def extract_number(text: str, unit: str = "mL") -> float | None:
     "The committed number in `text` converted to `unit`, or None when there is none or it is ambiguous."
     return parse_number(text, unit).value
@@ -395,6 +404,7 @@ def _unit_kind(u: str) -> tuple[str, float]:
     elif u.startswith("lit"): u = "l"
     return ("length", _TO_MM[u]) if u in _TO_MM else ("volume", _TO_ML[u])
 
+# %% ../nbs/22_parse.ipynb #02e1725f
 _NAMES: list[tuple[str, re.Pattern]] = []   # built on first use (no functools: this source is copied into exported tasks)
 
 def _structure_names() -> list[tuple[str, re.Pattern]]:
@@ -413,6 +423,7 @@ def mentioned_structures(sentence: str) -> list[str]:
                 taken.append(m.span()); out.append((m.start(), name))
     return [n for _, n in sorted(out)]
 
+# %% ../nbs/22_parse.ipynb #422ea905
 def reasoning_text(text: str | None) -> str:
     """The reasoning of a chain-of-thought reply: the text before the last `Answer:` line; without one, every sentence
     but the last (which states the answer), so a bare answer ('B', '120 mL') has no reasoning."""
@@ -423,6 +434,7 @@ def reasoning_text(text: str | None) -> str:
     parts = [p for p in _SENTENCES.split(t.strip()) if p.strip()]
     return " ".join(parts[:-1])
 
+# %% ../nbs/22_parse.ipynb #876db413
 def extract_claims(text: str | None) -> list[dict]:
     "Checkable claims in the reasoning of `text`: kind, value (mm/mL) or direction, structures named, sentence."
     out = []

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from fastcore.basics import patch
 
 from ..anatomy import ANATOMY, REFERENCE, TUMOURS, counterpart, reference_range, side
 from ..measure import Structure
@@ -35,6 +36,7 @@ def structure_weight(name: str) -> float:
     info = ANATOMY.get(name)
     return _CATEGORY_WEIGHT.get(info.category, 1.0) if info else 1.0
 
+# %% ../../nbs/20_questions/02_choose.ipynb #f7390fd5
 @dataclass
 class ScanContext:
     """What question generation knows about one scan: its measured structures, those fit to ask about (`pool`),
@@ -68,20 +70,23 @@ class ScanContext:
         out |= {t for t, h in self.hosts.items() if h == name}
         return out
 
-    def pick(self, rng, among: Iterable[str] | None = None, exclude: Iterable[str] = (), k: int = 1) -> list[str] | None:
-        "`k` distinct names drawn with `structure_weight` from `among` (default: the pool) minus `exclude`; None if too few."
-        ex = set(exclude)
-        cand = [n for n in (self.pool if among is None else among) if n not in ex]
-        if len(cand) < k: return None
-        w = np.array([structure_weight(n) for n in cand])
-        return [cand[i] for i in rng.choice(len(cand), size=k, replace=False, p=w / w.sum())]
-
     def name(self, n: str, article: bool = True) -> str:
         return phrase(n, self.hosts.get(n), article)
 
     def opt(self, n: str) -> dict:
         return {"key": n, "text": _cap(self.name(n, article=False))}
 
+# %% ../../nbs/20_questions/02_choose.ipynb #586e5316
+@patch
+def pick(self: ScanContext, rng, among: Iterable[str] | None = None, exclude: Iterable[str] = (), k: int = 1) -> list[str] | None:
+    "`k` distinct names drawn with `structure_weight` from `among` (default: the pool) minus `exclude`; None if too few."
+    ex = set(exclude)
+    cand = [n for n in (self.pool if among is None else among) if n not in ex]
+    if len(cand) < k: return None
+    w = np.array([structure_weight(n) for n in cand])
+    return [cand[i] for i in rng.choice(len(cand), size=k, replace=False, p=w / w.sum())]
+
+# %% ../../nbs/20_questions/02_choose.ipynb #bf7a2c6f
 def scan_context(scan_id: str, table: pd.DataFrame, geom: Geometry | None = None, min_voxels: int = MIN_VOXELS,
                  group: str = "", margins: Margins = NO_MARGINS) -> ScanContext:
     """The `ScanContext` of one scan from its rows of the structures table. Structures with fewer than

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from fastcore.basics import patch
 
 from ..anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, counterpart, readable, side
 from ..measure import Structure
@@ -150,6 +151,7 @@ def structure_class(name: str) -> str:
     if cat in ("bone", "cartilage"): return "bone"
     return "large_organ" if typical is not None and typical >= 100 else "organ"
 
+# %% ../../nbs/20_questions/00_core.ipynb #b484d023
 @dataclass(frozen=True)
 class Margins:
     """How far a second reader's contours may move what a question reads, per structure class (`structure_class`):
@@ -182,53 +184,57 @@ class Margins:
         return any(np.any(np.asarray(v, dtype=np.float64) != 0) for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES)
                    for v in getattr(self, q).values())
 
-    def for_spec(self, names: Iterable[str], task: str) -> dict | None:
-        "What a question's spec carries: the margins of `names` for the quantities `task` reads (None without margins)."
-        if not self: return None
-        names = sorted(set(names))
-        out = {q: {n: round(self.of(q, n), 6) if q == "volume" else [round(float(x), 6) for x in self.of(q, n)] for n in names}
-               for q in TASK_QUANTITIES[task]}
-        stems = sorted({pair_stem(n) for n in names if side(n) == "left" and counterpart(n) in names})
-        if (q := PAIR_TASKS.get(task)) and stems:
-            out[q] = {s: round(self.of(q, s), 6) if q == "pair_volume" else [round(float(x), 6) for x in self.of(q, s)] for s in stems}
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping | None) -> "Margins":
-        "Margins from a mapping like params.yaml's `generate.margins` (None or empty: no margins); refuses unknown keys."
-        if not d: return cls()
-        bad = set(d) - {*MARGIN_QUANTITIES, *PAIR_QUANTITIES, "provenance"}
-        if bad: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {(*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}")
-        out = {}
-        for q in MARGIN_QUANTITIES:
-            table = dict(d.get(q) or {})
-            bad = set(table) - {*STRUCTURE_CLASSES, "default", *NAME_TO_ID}
-            if bad: raise ValueError(f"{q}: unknown structure classes or names {sorted(bad)}; expected some of {STRUCTURE_CLASSES} or label names")
-            for k, v in table.items():
-                v = np.asarray(v, dtype=np.float64)
-                if v.shape != (() if q == "volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
-                    raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'volume' else 'three numbers'} >= 0")
-                table[k] = float(v) if q == "volume" else tuple(float(x) for x in v)
-            out[q] = table
-        for q in PAIR_QUANTITIES:
-            table = {}
-            for k, v in dict(d.get(q) or {}).items():
-                v = np.asarray(v, dtype=np.float64)
-                if v.shape != (() if q == "pair_volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
-                    raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'pair_volume' else 'three numbers'} >= 0")
-                if f"{k}_left" not in NAME_TO_ID: raise ValueError(f"{q}: {k!r} is not the stem of a left-right pair of labels")
-                table[k] = float(v) if q == "pair_volume" else tuple(float(x) for x in v)
-            out[q] = table
-        return cls(**out, provenance=str(d.get("provenance") or ""))
-
     def to_dict(self) -> dict:
         "The mapping `from_dict` reads back (plain Python numbers)."
         out = {q: {k: float(v) if q in ("volume", "pair_volume") else [float(x) for x in v] for k, v in getattr(self, q).items()}
                for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}
         return {**{q: v for q, v in out.items() if v or q in MARGIN_QUANTITIES}, "provenance": self.provenance}
 
+# %% ../../nbs/20_questions/00_core.ipynb #0e9f3e71
+@patch
+def for_spec(self: Margins, names: Iterable[str], task: str) -> dict | None:
+    "What a question's spec carries: the margins of `names` for the quantities `task` reads (None without margins)."
+    if not self: return None
+    names = sorted(set(names))
+    out = {q: {n: round(self.of(q, n), 6) if q == "volume" else [round(float(x), 6) for x in self.of(q, n)] for n in names}
+           for q in TASK_QUANTITIES[task]}
+    stems = sorted({pair_stem(n) for n in names if side(n) == "left" and counterpart(n) in names})
+    if (q := PAIR_TASKS.get(task)) and stems:
+        out[q] = {s: round(self.of(q, s), 6) if q == "pair_volume" else [round(float(x), 6) for x in self.of(q, s)] for s in stems}
+    return out
+
+# %% ../../nbs/20_questions/00_core.ipynb #6da405f7
+@patch(cls_method=True)
+def from_dict(cls: Margins, d: Mapping | None) -> "Margins":
+    "Margins from a mapping like params.yaml's `generate.margins` (None or empty: no margins); refuses unknown keys."
+    if not d: return cls()
+    bad = set(d) - {*MARGIN_QUANTITIES, *PAIR_QUANTITIES, "provenance"}
+    if bad: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {(*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}")
+    out = {}
+    for q in MARGIN_QUANTITIES:
+        table = dict(d.get(q) or {})
+        bad = set(table) - {*STRUCTURE_CLASSES, "default", *NAME_TO_ID}
+        if bad: raise ValueError(f"{q}: unknown structure classes or names {sorted(bad)}; expected some of {STRUCTURE_CLASSES} or label names")
+        for k, v in table.items():
+            v = np.asarray(v, dtype=np.float64)
+            if v.shape != (() if q == "volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
+                raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'volume' else 'three numbers'} >= 0")
+            table[k] = float(v) if q == "volume" else tuple(float(x) for x in v)
+        out[q] = table
+    for q in PAIR_QUANTITIES:
+        table = {}
+        for k, v in dict(d.get(q) or {}).items():
+            v = np.asarray(v, dtype=np.float64)
+            if v.shape != (() if q == "pair_volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
+                raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'pair_volume' else 'three numbers'} >= 0")
+            if f"{k}_left" not in NAME_TO_ID: raise ValueError(f"{q}: {k!r} is not the stem of a left-right pair of labels")
+            table[k] = float(v) if q == "pair_volume" else tuple(float(x) for x in v)
+        out[q] = table
+    return cls(**out, provenance=str(d.get("provenance") or ""))
+
 NO_MARGINS = Margins()
 
+# %% ../../nbs/20_questions/00_core.ipynb #d6c54a6b
 def pair_stem(name: str) -> str:
     "A sided label's name without its side word: `parotid_gland_left` -> `parotid_gland`, `kidney_right` -> `kidney`."
     return "_".join(t for t in name.split("_") if t not in ("left", "right"))
@@ -260,6 +266,7 @@ def _num_distinct(x: float, y: float, tol: Callable[[float], float]) -> bool:
     "True when `x` is clearly larger than `y`: apart by more than both tolerances and by `MIN_RATIO`."
     return x - y > tol(x) + tol(y) and (y <= 0 or x / y >= MIN_RATIO)
 
+# %% ../../nbs/20_questions/00_core.ipynb #b3655ac2
 def _vol_rel(s: Structure) -> float:
     return tol_volume(s.volume_ml, s.voxels) / s.volume_ml if s.volume_ml > 0 else 1.0
 
@@ -277,6 +284,7 @@ def vol_larger(a: Structure, b: Structure, ma: float = 0.0, mb: float = 0.0) -> 
     a, b = _scaled(a, math.exp(-ma)), _scaled(b, math.exp(mb))
     return a.volume_ml >= b.volume_ml * max(MIN_RATIO, (1 + _vol_rel(a)) * (1 + _vol_rel(b)))
 
+# %% ../../nbs/20_questions/00_core.ipynb #b208fda0
 def _argbest(items: Sequence, beats: Callable) -> list[bool | None]:
     "Per item: True when it clearly beats every other, False when another clearly beats it, else None."
     out = []
@@ -287,6 +295,7 @@ def _argbest(items: Sequence, beats: Callable) -> list[bool | None]:
         else: out.append(None)
     return out
 
+# %% ../../nbs/20_questions/00_core.ipynb #af602b85
 def _in_bin(t: float, lo: float | None, hi: float | None, tol: float, span: tuple[float, float] | None = None) -> bool | None:
     """A value against the range [lo, hi): True inside by more than `tol`, False outside by more than `tol`; with
     `span`, for every value in it (False only when all of it lies on one side)."""

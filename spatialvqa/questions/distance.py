@@ -95,6 +95,7 @@ def _g_dist_value(c, rng, focus, others=()):
     return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm",
                  variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, (0.0, 600.0), _clear(c, "DIST.value", spec, _ev_dist_value)))
 
+# %% ../../nbs/20_questions/05_distance.ipynb #979b16f5
 def _g_dist_best(c, rng, focus, farthest: bool):
     if (got := _reference(c, rng, focus)) is None: return None
     ref, focus = got
@@ -112,6 +113,7 @@ def _g_dist_best(c, rng, focus, farthest: bool):
     return _item(c, sub, [ref], {"ref": c.name(ref)}, {"ref": ref, **_dist_spec(axes)},
                  options=[c.opt(n) for n in names], option_structures=True)
 
+# %% ../../nbs/20_questions/05_distance.ipynb #dbe6d1c1
 def _g_dist_within(c, rng, focus, others=()):
     if (got := _reference(c, rng, focus)) is None: return None
     ref, focus = got
@@ -133,6 +135,7 @@ def _g_dist_within(c, rng, focus, others=()):
                  {"ref": ref, "threshold": thr, **_dist_spec(axes)}, "mm", options=[c.opt(n) for n in names],
                  option_structures=True)
 
+# %% ../../nbs/20_questions/05_distance.ipynb #4367856b
 def _g_dist_range(c, rng, focus, others=()):
     ab = _pair(c, rng, focus)
     if not ab: return None

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from fastcore.basics import patch
 
 from ..anatomy import REFERENCE, typical_volume
 from ..core import _json_default, remember, stable_hash
@@ -127,27 +128,6 @@ class PriorAnswerer:
         self._estimates = {}
         return self
 
-    def _estimate_at(self, key: tuple) -> tuple | None:
-        """(median, spread) of the training quantities (log scale) under `key`, None when it has none (or quantities of
-        different shapes); computed once per fit: the coarsest key holds a quantity of every training question of its
-        subtask, and taking its median afresh for every question made a fit and its answers cost questions squared."""
-        cache = self.__dict__.setdefault("_estimates", {})
-        if key not in cache:
-            vals, est = self.values.get(key), None
-            if vals and all(np.shape(v) == np.shape(vals[0]) for v in vals):
-                a = np.asarray(vals, float)
-                med = np.median(a, axis=0)
-                sd = 1.4826 * np.median(np.abs(a - med), axis=0) if len(a) >= 3 else np.full(np.shape(med), self.spread)
-                est = med, float(np.sqrt(np.sum(np.maximum(sd, 0.05) ** 2)))
-            cache[key] = est
-        return cache[key]
-
-    def estimate(self, r: dict) -> tuple | None:
-        "(median, spread) of the training quantities (log scale) at the most specific level that has any, else None."
-        for key in _levels(r):
-            if (est := self._estimate_at(key)) is not None: return est
-        return None
-
     def proba(self, r: dict) -> list[float] | None:
         "Probability of each option of a multiple-choice question (None for numeric questions)."
         if r["format"] != "mc": return None
@@ -174,6 +154,30 @@ class PriorAnswerer:
 
     def predict(self, records: Sequence[dict]) -> list:
         return [self.predict_one(r) for r in records]
+
+# %% ../../nbs/24_validate/01_answerers.ipynb #e2fc61b1
+@patch
+def _estimate_at(self: PriorAnswerer, key: tuple) -> tuple | None:
+    """(median, spread) of the training quantities (log scale) under `key`, None when it has none (or quantities of
+    different shapes); computed once per fit: the coarsest key holds a quantity of every training question of its
+    subtask, and taking its median afresh for every question made a fit and its answers cost questions squared."""
+    cache = self.__dict__.setdefault("_estimates", {})
+    if key not in cache:
+        vals, est = self.values.get(key), None
+        if vals and all(np.shape(v) == np.shape(vals[0]) for v in vals):
+            a = np.asarray(vals, float)
+            med = np.median(a, axis=0)
+            sd = 1.4826 * np.median(np.abs(a - med), axis=0) if len(a) >= 3 else np.full(np.shape(med), self.spread)
+            est = med, float(np.sqrt(np.sum(np.maximum(sd, 0.05) ** 2)))
+        cache[key] = est
+    return cache[key]
+
+@patch
+def estimate(self: PriorAnswerer, r: dict) -> tuple | None:
+    "(median, spread) of the training quantities (log scale) at the most specific level that has any, else None."
+    for key in _levels(r):
+        if (est := self._estimate_at(key)) is not None: return est
+    return None
 
 # %% ../../nbs/24_validate/01_answerers.ipynb #228d2f49
 _STOP = frozenset("the a an of to in is on and or by which what these following this that its it be are as at from "
@@ -347,6 +351,7 @@ def _settled(ev: dict) -> np.ndarray:
     best = (score == score.max()).astype(float)
     return best / best.sum()
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #b5de613e
 class FamilyMedian(Mapping):
     """The median anatomy of the scans outside the scan families `exclude` (`per`: per structure name, its measurements
     by scan id; `families`: per structure name, the families that hold it), in `per`'s order, each structure computed
@@ -364,6 +369,7 @@ class FamilyMedian(Mapping):
     def __iter__(self): return iter(self._names)
     def __len__(self) -> int: return len(self._names)
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #db69099a
 class AtlasAnswerer:
     """Answers every question from the median anatomy of the training scans, with `spatialvqa.questions.registry.evaluate`.
     With `loso` (leave one scan out) it is fitted on every record and answers each from the median of all the
@@ -386,22 +392,6 @@ class AtlasAnswerer:
         self.atlas = self._median(())
         return self
 
-    def _median(self, exclude) -> dict[str, Structure]:
-        out = {}
-        for n, by_scan in self._per.items():
-            ms = [m for s, m in by_scan.items() if scan_family(s) not in exclude]
-            if ms: out[n] = median_structure(n, ms)
-        return out
-
-    def _evaluate(self, r: dict) -> dict | None:
-        atlas = self.atlas
-        if getattr(self, "loso", False):
-            key = tuple(sorted({scan_family(s) for s in r.get("scan_ids") or [r["scan_id"]]}))
-            if key not in self._cache: self._cache[key] = FamilyMedian(self._per, self._families, key)   # = self._median(set(key))
-            atlas = self._cache[key]
-        try: return evaluate(r, [atlas] * len(r.get("scan_ids") or [r["scan_id"]]))
-        except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
-
     def proba(self, r: dict) -> list[float] | None:
         "The options the atlas makes right (else those it leaves undecided), equally likely."
         if r["format"] != "mc": return None
@@ -417,6 +407,26 @@ class AtlasAnswerer:
     def predict(self, records: Sequence[dict]) -> list:
         return [self.predict_one(r) for r in records]
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #e71cbbf2
+@patch
+def _median(self: AtlasAnswerer, exclude) -> dict[str, Structure]:
+    out = {}
+    for n, by_scan in self._per.items():
+        ms = [m for s, m in by_scan.items() if scan_family(s) not in exclude]
+        if ms: out[n] = median_structure(n, ms)
+    return out
+
+@patch
+def _evaluate(self: AtlasAnswerer, r: dict) -> dict | None:
+    atlas = self.atlas
+    if getattr(self, "loso", False):
+        key = tuple(sorted({scan_family(s) for s in r.get("scan_ids") or [r["scan_id"]]}))
+        if key not in self._cache: self._cache[key] = FamilyMedian(self._per, self._families, key)   # = self._median(set(key))
+        atlas = self._cache[key]
+    try: return evaluate(r, [atlas] * len(r.get("scan_ids") or [r["scan_id"]]))
+    except (KeyError, ZeroDivisionError, ValueError, TypeError): return None    # a structure the atlas lacks
+
+# %% ../../nbs/24_validate/01_answerers.ipynb #8e37df96
 def textbook_structure(name: str) -> Structure | None:
     """A typical adult structure from the anatomy reference table alone (`spatialvqa.anatomy.REFERENCE`, sources
     cited there): its typical volume, a centre placed by its side (x +-80 mm), depth third (y +-60 mm) and vertebral
@@ -439,6 +449,7 @@ def textbook_structure(name: str) -> Structure | None:
     return Structure(label=0, name=name, voxels=1000, volume_ml=float(ref.typical_ml), centroid=tuple(c.tolist()),
                      bbox_min=tuple((c - e / 2).tolist()), bbox_max=tuple((c + e / 2).tolist()))
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #887b838e
 class TextbookAnswerer(AtlasAnswerer):
     """Answers from a textbook: every structure as `textbook_structure` makes it from the anatomy reference table
     (typical volumes, sides, depths and vertebral levels with their sources), never from any scan. Needs no fit."""
@@ -451,40 +462,43 @@ class TextbookAnswerer(AtlasAnswerer):
 
     def fit(self, records: Sequence[dict]) -> "TextbookAnswerer": return self
 
-    def _rank(self, r: dict) -> int | None:
-        """The option a textbook picks on size questions by typical volumes alone, sharper than `evaluate`'s margins:
-        the most extreme typical volume (COMP.extreme, VOL.threshold, COMP.than relative to the reference), the
-        ordering the typical volumes agree with (COMP.rank), the value or range nearest the typical volume (VOL)."""
-        sp, sub, tv = r["spec"], r["subtask"], typical_volume
-        opts = sp.get("options") or []
-        try:
-            if sub in ("COMP.extreme", "VOL.threshold"):
-                v = np.array([tv(o) for o in opts], float)
-                if np.isnan(v).any(): return None                          # a volume it lacks: undecided
-                best = v.max() if sp["sense"] > 0 else v.min()
-                if (v == best).sum() != 1: return None                     # ... and a tie
-                return int(np.argmax(v == best))
-            if sub == "COMP.than":
-                return int(np.argmax([(tv(o) / tv(sp["ref"])) ** sp["sense"] for o in opts]))
-            if sub == "COMP.rank":
-                for i, o in enumerate(opts):
-                    v = [tv(n) for n in o][:: sp["sense"]]
-                    if all(x >= y for x, y in zip(v, v[1:])): return i
-            if sub == "VOL.value": return int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))
-            if sub == "VOL.range":
-                t = tv(sp["a"])
-                for i, (lo, hi) in enumerate(opts):
-                    if (lo is None or t >= lo) and (hi is None or t < hi): return i
-        except (TypeError, ValueError, ZeroDivisionError, KeyError):
-            return None
-        return None
-
     def proba(self, r: dict) -> list[float] | None:
         if r["format"] != "mc": return None
         k = self._rank(r)
         if k is None: return super().proba(r)
         return [1.0 if i == k else 0.0 for i in range(len(r["options"]))]
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #9c71e4fb
+@patch
+def _rank(self: TextbookAnswerer, r: dict) -> int | None:
+    """The option a textbook picks on size questions by typical volumes alone, sharper than `evaluate`'s margins:
+    the most extreme typical volume (COMP.extreme, VOL.threshold, COMP.than relative to the reference), the
+    ordering the typical volumes agree with (COMP.rank), the value or range nearest the typical volume (VOL)."""
+    sp, sub, tv = r["spec"], r["subtask"], typical_volume
+    opts = sp.get("options") or []
+    try:
+        if sub in ("COMP.extreme", "VOL.threshold"):
+            v = np.array([tv(o) for o in opts], float)
+            if np.isnan(v).any(): return None                          # a volume it lacks: undecided
+            best = v.max() if sp["sense"] > 0 else v.min()
+            if (v == best).sum() != 1: return None                     # ... and a tie
+            return int(np.argmax(v == best))
+        if sub == "COMP.than":
+            return int(np.argmax([(tv(o) / tv(sp["ref"])) ** sp["sense"] for o in opts]))
+        if sub == "COMP.rank":
+            for i, o in enumerate(opts):
+                v = [tv(n) for n in o][:: sp["sense"]]
+                if all(x >= y for x, y in zip(v, v[1:])): return i
+        if sub == "VOL.value": return int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))
+        if sub == "VOL.range":
+            t = tv(sp["a"])
+            for i, (lo, hi) in enumerate(opts):
+                if (lo is None or t >= lo) and (hi is None or t < hi): return i
+    except (TypeError, ValueError, ZeroDivisionError, KeyError):
+        return None
+    return None
+
+# %% ../../nbs/24_validate/01_answerers.ipynb #f506f5f8
 _SIDE = re.compile(r"\b(left|right)\b")
 
 class NameCueAnswerer:
@@ -531,6 +545,7 @@ class GroupMedian(Mapping):
     def __iter__(self): return iter(self._names)
     def __len__(self) -> int: return len(self._names)
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #964e725d
 class SubjectAtlasAnswerer:
     """Answers each question from ONE other patient (`k` = 1), or from the median of `k` others: a group of `k`
     original scans drawn among those outside the question's scan families that know every structure it names
@@ -561,38 +576,6 @@ class SubjectAtlasAnswerer:
         self.measured = per
         return self
 
-    def eligible(self, r: dict) -> list[str]:
-        "The patients who may answer `r`: original scans outside its scan families that know every structure it names."
-        ids = r.get("scan_ids") or [r["scan_id"]]
-        own, need = {scan_family(s) for s in ids}, set(r.get("structures") or [])
-        return [s for s, ms in self.measured.items() if s not in own and need <= ms.keys()]
-
-    def groups(self, r: dict) -> list[tuple[str, ...]]:
-        "The groups of `k` eligible patients that answer `r` (fewer when fewer are eligible): all, or `draws` drawn."
-        el = self.eligible(r)
-        k = min(self.k, len(el))
-        if k == 0: return []
-        if math.comb(len(el), k) <= self.draws: return list(itertools.combinations(el, k))
-        opts = sorted(map(str, r.get("options") or []))     # the option set, not its order: letter balancing permutes it
-        rng = np.random.default_rng(int(stable_hash(["groups", self.k, r.get("question"), opts])[:12], 16))
-        return [tuple(sorted(rng.choice(el, size=k, replace=False).tolist())) for _ in range(self.draws)]
-
-    def body(self, group: tuple[str, ...]) -> Mapping[str, Structure]:
-        "The median anatomy of the patients in `group` (each structure over those who have it; `GroupMedian`)."
-        if group not in self._bodies: self._bodies[group] = GroupMedian(self.measured, group)
-        return self._bodies[group]
-
-    def answers(self, r: dict) -> list[dict]:
-        "The `evaluate` result of every group of `groups` (a group that lacks a structure `evaluate` needs is left out)."
-        key = (r["qid"], repr(r.get("options")))
-        if key not in self._cache:
-            n, out = len(r.get("scan_ids") or [r["scan_id"]]), []
-            for g in self.groups(r):
-                try: out.append(evaluate(r, [self.body(g)] * n))
-                except (KeyError, ZeroDivisionError, ValueError, TypeError): continue
-            self._cache[key] = out
-        return self._cache[key]
-
     def proba(self, r: dict) -> list[float] | None:
         if r["format"] != "mc": return None
         evs = self.answers(r)
@@ -611,6 +594,44 @@ class SubjectAtlasAnswerer:
         return LETTERS[min(int(np.searchsorted(p, self._u(r) * p[-1], side="right")), len(p) - 1)]
 
     def predict(self, records: Sequence[dict]) -> list: return [self.predict_one(r) for r in records]
+
+# %% ../../nbs/24_validate/01_answerers.ipynb #9f98b728
+@patch
+def eligible(self: SubjectAtlasAnswerer, r: dict) -> list[str]:
+    "The patients who may answer `r`: original scans outside its scan families that know every structure it names."
+    ids = r.get("scan_ids") or [r["scan_id"]]
+    own, need = {scan_family(s) for s in ids}, set(r.get("structures") or [])
+    return [s for s, ms in self.measured.items() if s not in own and need <= ms.keys()]
+
+@patch
+def groups(self: SubjectAtlasAnswerer, r: dict) -> list[tuple[str, ...]]:
+    "The groups of `k` eligible patients that answer `r` (fewer when fewer are eligible): all, or `draws` drawn."
+    el = self.eligible(r)
+    k = min(self.k, len(el))
+    if k == 0: return []
+    if math.comb(len(el), k) <= self.draws: return list(itertools.combinations(el, k))
+    opts = sorted(map(str, r.get("options") or []))     # the option set, not its order: letter balancing permutes it
+    rng = np.random.default_rng(int(stable_hash(["groups", self.k, r.get("question"), opts])[:12], 16))
+    return [tuple(sorted(rng.choice(el, size=k, replace=False).tolist())) for _ in range(self.draws)]
+
+# %% ../../nbs/24_validate/01_answerers.ipynb #a12d6c59
+@patch
+def body(self: SubjectAtlasAnswerer, group: tuple[str, ...]) -> Mapping[str, Structure]:
+    "The median anatomy of the patients in `group` (each structure over those who have it; `GroupMedian`)."
+    if group not in self._bodies: self._bodies[group] = GroupMedian(self.measured, group)
+    return self._bodies[group]
+
+@patch
+def answers(self: SubjectAtlasAnswerer, r: dict) -> list[dict]:
+    "The `evaluate` result of every group of `groups` (a group that lacks a structure `evaluate` needs is left out)."
+    key = (r["qid"], repr(r.get("options")))
+    if key not in self._cache:
+        n, out = len(r.get("scan_ids") or [r["scan_id"]]), []
+        for g in self.groups(r):
+            try: out.append(evaluate(r, [self.body(g)] * n))
+            except (KeyError, ZeroDivisionError, ValueError, TypeError): continue
+        self._cache[key] = out
+    return self._cache[key]
 
 # %% ../../nbs/24_validate/01_answerers.ipynb #6a22e078
 BLIND_SYSTEM = ("You are a radiologist answering questions about a CT scan that you cannot see. "

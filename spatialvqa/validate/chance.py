@@ -199,6 +199,7 @@ def is_real(record: Mapping) -> bool:
     src = str(record.get("source") or "phantom")
     return all(s != "phantom" and "+" not in s for s in src.split(","))
 
+# %% ../../nbs/24_validate/02_chance.ipynb #b1adb89e
 def _swap_positions(r: dict, i: int, j: int) -> dict:
     "A copy of multiple-choice `r` with the options at positions `i` and `j` swapped (answer letter and blind letters follow)."
     r = copy.deepcopy(r)
@@ -219,6 +220,7 @@ def _swap_letters(r: dict, target: int) -> dict:
     "A copy of multiple-choice `r` with its correct option moved to position `target` (swapped with the option there)."
     return _swap_positions(r, LETTERS.index(r["answer_letter"]), target)
 
+# %% ../../nbs/24_validate/02_chance.ipynb #0d3ead33
 def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.ndarray, seed: int,
                  stay: Sequence[int] | None = None, allowed: Sequence[Sequence[bool]] | None = None) -> list[int | None] | None:
     """For each group, which of its option swaps to use (an index into `swaps[g]`, each the letter counts it gives), or
@@ -256,6 +258,7 @@ def _balance_ilp(swaps: list[list[np.ndarray]], size: np.ndarray, weight: np.nda
         if res.x[j] > 0.5: out[g] = t
     return out
 
+# %% ../../nbs/24_validate/02_chance.ipynb #f2003541
 def ordered(r: Mapping) -> bool:
     """Whether a multiple-choice record's options run in order (a ladder of numbers, up or down, or adjacent ranges):
     swapping two of them would leave a trace that points at the moved option, so the letter balancing never moves them."""
@@ -264,6 +267,7 @@ def ordered(r: Mapping) -> bool:
     opts = (r.get("spec") or {}).get("options") or []
     return bool(opts) and all(isinstance(o, (list, tuple)) and len(o) == 2 for o in opts)
 
+# %% ../../nbs/24_validate/02_chance.ipynb #96e8f49d
 def balance_letters(records: Sequence[dict], seed: int = 0, protect: Callable[[dict], bool] | None = None,
                     groups: Sequence[str] | Callable[[dict], str] | None = None,
                     minimal: bool = True) -> tuple[list[dict], list[dict]]:
