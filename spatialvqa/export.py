@@ -41,7 +41,7 @@ __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE',
            'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'check_stem', 'read_scan_table',
            'source_licences', 'add_cli']
 
-# %% ../nbs/46_export.ipynb #22470be8
+# %% ../nbs/46_export.ipynb #44623c9a
 NAME = "spatialvqa_trackA"
 LMMS_TASK = "spatialvqa_tracka"
 JSON_FIELDS = ("spec", "measurements", "hosts", "blind", "blind_vote")
@@ -72,6 +72,7 @@ def _views_for(records: Sequence[dict], views: Mapping[str, Sequence[str | os.Pa
                                  "render the benchmark first (dvc repro -s render)")
     return [[Path(p) for p in views[r["qid"]]] for r in records]
 
+# %% ../nbs/46_export.ipynb #cfcc9def
 def export_frame(records: Sequence[dict], views: Mapping[str, Sequence[str | os.PathLike]] | None = None) -> pd.DataFrame:
     """The records as a flat table: `RECORD_FIELDS`, `prompt`, the blind predictions when present, nested fields as JSON
     text; with `views` (qid -> image files), the column `views`: each question's images as `{"bytes": PNG, "path": file
@@ -276,7 +277,7 @@ def write_dataset_card(records: Sequence[dict], out: str | os.PathLike, name: st
     with atomic_write(Path(out) / "LICENSE.md") as f: f.write(licence_text(sources or {}, name))
     return Path(out) / "README.md"
 
-# %% ../nbs/46_export.ipynb #cf8a47a7
+# %% ../nbs/46_export.ipynb #d7c4a537
 _LMMS_HEAD = '''"""lmms-eval task functions for the SpatialVQA Track A benchmark, written by spatialvqa.export (re-export, do not edit).
 
 The prompt, the parser and Mean Relative Accuracy are spatialvqa's own: spatialvqa.prompt, spatialvqa.parse and
@@ -305,6 +306,7 @@ _LMMS_DATA_CHECK = '''if not os.path.isfile(DATA_PATH):
                             "the exported folder, two levels below the parquet)")
 '''
 
+# %% ../nbs/46_export.ipynb #40a0acd9
 _LMMS_TASK_FUNCTIONS = '''
 def _record(doc):
     "A parquet row as the record the prompt builder and the parser read (options as a list)."
@@ -345,7 +347,10 @@ def process_docs(dataset):
     if bad:
         raise ValueError(f"{DATA_PATH}: {len(bad)} questions without views (e.g. {bad[0]})")
     return dataset
+'''
 
+# %% ../nbs/46_export.ipynb #a21dded6
+_LMMS_TASK_FUNCTIONS += '''
 
 def doc_to_text(doc, lmms_eval_specific_kwargs=None):
     """The prompt of spatialvqa.prompt.build_prompt (style `prompt_style`, default "default"), between pre_prompt and post_prompt."""
@@ -383,6 +388,7 @@ def aggregate_mean(values):
     return sum(vals) / len(vals) if vals else float("nan")
 '''
 
+# %% ../nbs/46_export.ipynb #3b39af3b
 _VLMEVAL_MAIN = '''
 def _read_table(path):
     import pandas as pd
@@ -436,6 +442,7 @@ if __name__ == "__main__":
     print(json.dumps(score_vlmevalkit(sys.argv[1])[1], indent=2))
 '''
 
+# %% ../nbs/46_export.ipynb #3fbc4b79
 def _defined(node) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): return {node.name}
     if isinstance(node, ast.Assign): return {t.id for t in node.targets if isinstance(t, ast.Name)}
@@ -457,6 +464,7 @@ def module_statements(module, names: Sequence[str] | None = None) -> str:
         out.append("\n".join(lines[start - 1:node.end_lineno]))
     return "\n\n".join(out) + "\n"
 
+# %% ../nbs/46_export.ipynb #6e2e4ec7
 def lmms_utils_source(name: str = NAME, check: bool = True) -> str:
     """The lmms-eval task's `utils.py`: the source of `spatialvqa.prompt`, `spatialvqa.parse` and `stats.mra`, and the task
     functions, for the parquet `<name>.parquet` two folders above it (loading it fails without that file when `check`)."""
@@ -474,6 +482,7 @@ def vlmevalkit_scorer_source(name: str = NAME) -> str:
     src = lmms_utils_source(name, check=False).replace("lmms-eval task functions for", "VLMEvalKit scorer for", 1)
     return src + _VLMEVAL_MAIN
 
+# %% ../nbs/46_export.ipynb #6bd9d024
 def lmms_yaml(data_file: str, task: str = LMMS_TASK, max_new_tokens: int = 32) -> str:
     "The lmms-eval task YAML for the parquet at `data_file` (relative to the task folder, or absolute)."
     metrics = ["score", "mc_accuracy", "numeric_mra", *[f"{t}_score" for t in TASKS]]
@@ -571,7 +580,7 @@ def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils) -> tupl
     return pd.DataFrame(per), pd.DataFrame(agg)
 
 
-# %% ../nbs/46_export.ipynb #c8cb249a
+# %% ../nbs/46_export.ipynb #7b8391f3
 def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[str, Sequence[str | os.PathLike]],
                name: str = NAME, summary: Mapping | None = None, sources: Mapping[str, str] | None = None,
                views_info: str | None = None, aggregates: pd.DataFrame | None = None, absolute: bool = False) -> dict[str, Path]:
@@ -591,6 +600,7 @@ def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[s
     get_logger(__name__).info("exported %d questions to %s", len(recs), out)
     return paths
 
+# %% ../nbs/46_export.ipynb #b36499c3
 DEFAULT_VIEWS = "data/views/three_views/index.jsonl"
 
 def check_stem(name: str) -> str:
@@ -600,6 +610,7 @@ def check_stem(name: str) -> str:
                          "every file goes into --out")
     return str(name)
 
+# %% ../nbs/46_export.ipynb #673008b2
 def read_scan_table(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
     """The scans of the convert manifests (`scans.json`: a list of scans with `scan_id`, `source`, `licence`) and of
     the measure stage's `scans.parquet` tables in `paths`, as one table."""
@@ -635,6 +646,7 @@ def source_licences(records: Sequence[dict], scans: pd.DataFrame, licences: Mapp
         out[s] = f"{int((src == s).sum())} scans; {', '.join(names)}"
     return out
 
+# %% ../nbs/46_export.ipynb #18c9b948
 def _cli_export(a) -> int:
     check_stem(a.name)
     recs = read_records(a.benchmark)

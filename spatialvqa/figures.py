@@ -87,7 +87,7 @@ def model_colours(names: Sequence[str]) -> dict[str, str]:
     if len(names) > len(palette): raise ValueError(f"{len(names)} models, more than the {len(palette)} distinct colours")
     return dict(zip(names, palette))
 
-# %% ../nbs/45_figures.ipynb #58922767
+# %% ../nbs/45_figures.ipynb #2a268db8
 def plot_task_bars(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None,
                    title: str = "Track A accuracy by task (95% CI by scan family)"):
     "(figure, data): grouped bars of Table 2's columns per model with their intervals (horizontal for more than five models)."
@@ -107,6 +107,7 @@ def plot_task_bars(values: pd.DataFrame, info: Mapping[str, Mapping] | None = No
                     colours=model_colours(d["label"]))
     return fig, d
 
+# %% ../nbs/45_figures.ipynb #e71b62a5
 def plot_organ_heatmap(acc: pd.DataFrame, by: str = "organ", min_n: int = 1, title: str = "Accuracy by organ (multiple choice, strict)"):
     "(figure, data): models × groups heatmap of accuracy, cells annotated, groups sorted by question count (n in the label)."
     import matplotlib.pyplot as plt
@@ -132,6 +133,7 @@ def plot_organ_heatmap(acc: pd.DataFrame, by: str = "organ", min_n: int = 1, tit
     fig.tight_layout()
     return fig, d
 
+# %% ../nbs/45_figures.ipynb #39b6fbc8
 def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accuracy by tumour type (multiple choice, strict)"):
     "(figure, data): one polygon per model over the groups (axes), accuracy 0-100% radially."
     import matplotlib.pyplot as plt
@@ -157,6 +159,7 @@ def plot_radar(acc: pd.DataFrame, by: str = "tumour_type", title: str = "Accurac
     fig.tight_layout()
     return fig, acc
 
+# %% ../nbs/45_figures.ipynb #d2815aae
 def plot_volume_mra(vol: pd.DataFrame, info: Mapping[str, Mapping] | None = None,
                     title: str = "Volume estimation: MRA by structure size (95% CI by scan family)"):
     "(figure, data): grouped bars of MRA per volume range and model (legend: the models' Table 2 labels)."
@@ -168,7 +171,7 @@ def plot_volume_mra(vol: pd.DataFrame, info: Mapping[str, Mapping] | None = None
                           horizontal=True, colours=model_colours(vol["label"]))
     return fig, vol
 
-# %% ../nbs/45_figures.ipynb #9d2427bf
+# %% ../nbs/45_figures.ipynb #66868b4c
 MATRIX_STATES = {"right": "#0072B2", "wrong": "#E69F00", "unread": "#BBBBBB", "out of scope": "#FFFFFF"}
 
 def correctness_states(scored: pd.DataFrame) -> pd.DataFrame:
@@ -209,6 +212,7 @@ def plot_correctness_matrix(scored: pd.DataFrame, title: str = "Model × questio
     data = piv.reset_index().assign(task=lambda x: x["qid"].map(task))
     return fig, data
 
+# %% ../nbs/45_figures.ipynb #12cc7e6b
 def answer_lengths(scored: pd.DataFrame) -> dict[str, np.ndarray]:
     "Word counts of every raw answer in scope, per model (error records and missing answers left out)."
     d = in_scope(scored)
@@ -232,6 +236,7 @@ def plot_answer_lengths(scored: pd.DataFrame, max_words: int | None = None, titl
     data = data.merge(chars.add_prefix("chars_").reset_index().rename(columns={"model": "name"}).assign(name=lambda x: x["name"].astype(str)), on="name", how="left")
     return fig, data
 
+# %% ../nbs/45_figures.ipynb #b445985f
 def plot_parse_failures(parse: pd.DataFrame, title: str = "How answers were read (share of questions in scope)"):
     "(figure, data): stacked horizontal bars of the share of each parse status per model."
     import matplotlib.pyplot as plt

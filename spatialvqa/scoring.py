@@ -50,7 +50,7 @@ def toy_records(n_scans: int = 20, per_scan: int = 8, numeric_per_scan: int = 2,
                             tolerance=0.1 * v, organ="liver", tumour_type=None))
     return out
 
-# %% ../nbs/43_scoring.ipynb #f932332e
+# %% ../nbs/43_scoring.ipynb #c92c8ca0
 FAILURES = ("no_answer", "ambiguous", "refused", "error", "missing")
 SCORE_STATUSES = (*STATUSES, "missing")
 def _latest(predictions: Iterable[Mapping], model: str | None) -> dict[str, Mapping]:
@@ -77,6 +77,7 @@ def _truth(r: Mapping, where: str) -> tuple[float, float | None]:
     if tol is not None and (num(tol) is None or num(tol) < 0): raise ValueError(f"{where}: tolerance {tol!r} is not a number ≥ 0 or null")
     return g, None if tol is None else num(tol)
 
+# %% ../nbs/43_scoring.ipynb #6729b8f9
 def score_predictions(records: Sequence[Mapping], predictions: Iterable[Mapping], model: str | None = None,
                       source: str | os.PathLike | None = None) -> pd.DataFrame:
     """One row per benchmark record: `qid`, `base_qid`, `rotation`, `model`, `task`, `subtask`, `format`, `organ`,
@@ -299,7 +300,7 @@ def failure_type_table(sheet: pd.DataFrame) -> pd.DataFrame:
     t["unlabelled"] = sheet[sheet["error_type"] == ""].groupby("task").size().reindex(t.index, fill_value=0)
     return t
 
-# %% ../nbs/43_scoring.ipynb #8b505df0
+# %% ../nbs/43_scoring.ipynb #75702e3e
 from .parse import extract_claims
 from .questions.core import DIRECTIONS
 
@@ -335,6 +336,7 @@ def check_claim(record: Mapping, claim: Mapping, rel_tol: float = CLAIM_REL_TOL)
         return True if off > DIRECTION_MARGIN_MM else False if off < -DIRECTION_MARGIN_MM else None
     return None
 
+# %% ../nbs/43_scoring.ipynb #985ead90
 def reasoning_verdict(record: Mapping, raw: str | None, rel_tol: float = CLAIM_REL_TOL) -> dict:
     "The claims of `raw`'s reasoning, how many were checked and wrong, and `reasoning_correct` (None: nothing checked)."
     claims = extract_claims(raw)
@@ -351,6 +353,7 @@ def reasoning_verdicts(records: Sequence[Mapping], scored: pd.DataFrame, rel_tol
     rows = [{"qid": q, **reasoning_verdict(by[q], raw, rel_tol)} for q, raw in zip(scored["qid"], scored["raw"]) if q in by]
     return pd.DataFrame(rows, columns=["qid", "claims", "checked", "wrong", "reasoning_correct", "claim_text"])
 
+# %% ../nbs/43_scoring.ipynb #9c9afa61
 def faithfulness_shares(df: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
     """Per group (or in all): answers read (`n`), the share whose reasoning could not be checked (`unverifiable`), and
     among the checked ones (`n_checked`) the share of each of the paper's four outcomes."""

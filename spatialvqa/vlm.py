@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from fastcore.basics import patch
 
 from .core import get_logger, stable_hash
 from .questions.core import LETTERS
@@ -83,7 +84,7 @@ def processor_chat_template(model_id: str, revision: str | None = None) -> str:
         return json.loads(text)["chat_template"] if fname.endswith(".json") else text
     raise ValueError(f"{model_id}: the tokenizer has no chat template and no chat_template.jinja/.json was found")
 
-# %% ../nbs/42_vlm.ipynb #f0295744
+# %% ../nbs/42_vlm.ipynb #0d1ffa81
 class HFVLM(BaseAdapter):
     "Base adapter for transformers VLMs reading 2D images; subclasses set the classes and the image-token logic."
     runtime = ("batch_size", "device")
@@ -106,29 +107,6 @@ class HFVLM(BaseAdapter):
                        "max_new_tokens": self.max_new_tokens, "system": system, "image_kwargs": self.image_kwargs,
                        "decoding": "greedy", "batch_size": self.batch_size, "device": device}
 
-    def load(self) -> HFVLM:
-        "Load whatever was not passed in (model, tokenizer, image processor) from `model_id` at `revision`."
-        import transformers
-        kw = {"revision": self.revision} if self.revision else {}
-        if self.model is None:
-            get_logger(__name__).info("loading %s (%s)", self.model_id, self.revision or "latest")
-            self.model = getattr(transformers, self.model_class).from_pretrained(self.model_id, dtype=_vlm_torch_dtype(self.dtype), **kw)
-            self.model.to(_device(self.device))
-        self.model.eval()
-        if self.tokenizer is None: self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_id, **kw)
-        if not getattr(self.tokenizer, "chat_template", None):
-            self.tokenizer.chat_template = processor_chat_template(self.model_id, self.revision)
-        if self.image_processor is None:
-            self.image_processor = getattr(transformers, self.image_processor_class).from_pretrained(self.model_id, **kw, **self.image_kwargs)
-        return self
-
-    def messages(self, inp: ModelInput) -> list[dict]:
-        "Chat messages for one input: the images in display order, then the prompt."
-        content = [{"type": "image"} for _ in inp.images] + [{"type": "text", "text": inp.prompt}]
-        msgs = [{"role": "user", "content": content}]
-        if self.system: msgs.insert(0, {"role": "system", "content": [{"type": "text", "text": self.system}]})
-        return msgs
-
     def vision(self, images_per_input: list[list]) -> tuple[dict, list[list[str]]]:
         "Model tensors for all images of a batch, and per input the expansion of each image's placeholder."
         raise NotImplementedError
@@ -136,15 +114,6 @@ class HFVLM(BaseAdapter):
     def extra_inputs(self, enc: dict) -> dict:
         "Further model inputs computed from the tokenized batch (e.g. Gemma 3's token types)."
         return {}
-
-    def encode(self, batch: Sequence[ModelInput]) -> dict:
-        "The model inputs for a batch: chat template, placeholder expansion, left-padded tokens, image tensors."
-        imgs = [_load_images(i.images) for i in batch]
-        tensors, expansions = self.vision(imgs) if any(imgs) else ({}, [[] for _ in batch])
-        texts = [expand_placeholders(self.tokenizer.apply_chat_template(self.messages(i), tokenize=False, add_generation_prompt=True),
-                                     self.placeholder, ex) for i, ex in zip(batch, expansions)]
-        enc = dict(self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False))
-        return {**enc, **tensors, **self.extra_inputs(enc)}
 
     def predict(self, batch: Sequence[ModelInput]) -> list[str]:
         import torch
@@ -160,6 +129,43 @@ class HFVLM(BaseAdapter):
                 gen = self.model.generate(**enc, do_sample=False, max_new_tokens=self.max_new_tokens, pad_token_id=pad)
             out += [s.strip() for s in self.tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
         return out
+
+# %% ../nbs/42_vlm.ipynb #27dc6059
+@patch
+def load(self: HFVLM) -> HFVLM:
+    "Load whatever was not passed in (model, tokenizer, image processor) from `model_id` at `revision`."
+    import transformers
+    kw = {"revision": self.revision} if self.revision else {}
+    if self.model is None:
+        get_logger(__name__).info("loading %s (%s)", self.model_id, self.revision or "latest")
+        self.model = getattr(transformers, self.model_class).from_pretrained(self.model_id, dtype=_vlm_torch_dtype(self.dtype), **kw)
+        self.model.to(_device(self.device))
+    self.model.eval()
+    if self.tokenizer is None: self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_id, **kw)
+    if not getattr(self.tokenizer, "chat_template", None):
+        self.tokenizer.chat_template = processor_chat_template(self.model_id, self.revision)
+    if self.image_processor is None:
+        self.image_processor = getattr(transformers, self.image_processor_class).from_pretrained(self.model_id, **kw, **self.image_kwargs)
+    return self
+
+# %% ../nbs/42_vlm.ipynb #b63e0640
+@patch
+def messages(self: HFVLM, inp: ModelInput) -> list[dict]:
+    "Chat messages for one input: the images in display order, then the prompt."
+    content = [{"type": "image"} for _ in inp.images] + [{"type": "text", "text": inp.prompt}]
+    msgs = [{"role": "user", "content": content}]
+    if self.system: msgs.insert(0, {"role": "system", "content": [{"type": "text", "text": self.system}]})
+    return msgs
+
+@patch
+def encode(self: HFVLM, batch: Sequence[ModelInput]) -> dict:
+    "The model inputs for a batch: chat template, placeholder expansion, left-padded tokens, image tensors."
+    imgs = [_load_images(i.images) for i in batch]
+    tensors, expansions = self.vision(imgs) if any(imgs) else ({}, [[] for _ in batch])
+    texts = [expand_placeholders(self.tokenizer.apply_chat_template(self.messages(i), tokenize=False, add_generation_prompt=True),
+                                 self.placeholder, ex) for i, ex in zip(batch, expansions)]
+    enc = dict(self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False))
+    return {**enc, **tensors, **self.extra_inputs(enc)}
 
 # %% ../nbs/42_vlm.ipynb #0df01da2
 @register("qwen2_5_vl")
@@ -372,7 +378,7 @@ def volume_array(inp: ModelInput, preset_name: str, **changes) -> np.ndarray:
         raise ValueError(f"{src}: array of shape {a.shape} does not fit preset {preset_name!r} (expects {want}, None = any)")
     return np.ascontiguousarray(a, dtype=p.dtype)
 
-# %% ../nbs/42_vlm.ipynb #c3224abf
+# %% ../nbs/42_vlm.ipynb #92a3ca88
 class Remote3D(BaseAdapter):
     "Base adapter for 3D VLMs loaded with remote code at a pinned revision; inputs from a `spatialvqa.views` preset."
     preset_name: str = ""
@@ -432,6 +438,7 @@ class Remote3D(BaseAdapter):
         if isinstance(out, tuple): out = out[0]
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)[0].strip()
 
+# %% ../nbs/42_vlm.ipynb #ff9a5a78
 @register("m3d")
 class M3D(Remote3D):
     "M3D-LaMed (BAAI): `model.generate(image, input_ids, ...)` on the `m3d` preset, (1, 1, 32, 256, 256)."
@@ -576,7 +583,7 @@ def astra_extractor(weights: str = "astra", device: str = "cpu", threads: int = 
         return encode_features(model, x, threads)
     return extract
 
-# %% ../nbs/42_vlm.ipynb #ed903a85
+# %% ../nbs/42_vlm.ipynb #41429fdc
 def option_numbers(record: dict) -> np.ndarray:
     "Per option: log(1+|value|) and whether the option carries a number (0 for text options)."
     vals = record.get("option_values") or [None] * len(record.get("options") or [])
@@ -588,6 +595,7 @@ def probe_inputs(record: dict, ct: np.ndarray, embed: Callable[[list[str]], np.n
     if record["format"] == "mc": x.update(opts=embed(list(record["options"])), nums=option_numbers(record))
     return x
 
+# %% ../nbs/42_vlm.ipynb #fa544493
 class ProbeHead:
     """Bilinear logistic regression over options (multiple choice) and ridge regression on log values (numeric).
     Only the CT features are standardised (then reduced by PCA): the sentence embeddings are unit vectors already, and
@@ -639,7 +647,7 @@ class ProbeHead:
         reg, (lo, hi) = head
         return float(np.exp(np.clip(reg.predict(self._num_row(x))[0], lo, hi)))
 
-# %% ../nbs/42_vlm.ipynb #b37dea5f
+# %% ../nbs/42_vlm.ipynb #34ce0f76
 def _scans_of(record: dict) -> set[str]:
     "All scans a record reads (a question comparing two scans reads both)."
     return set(record.get("scan_ids") or [record["scan_id"]])
@@ -649,6 +657,7 @@ def _scan_list(scans) -> list[str] | None:
     if scans is None or scans == "" or scans == []: return None
     return sorted({s.strip() for s in (scans.split(",") if isinstance(scans, str) else scans) if str(s).strip()})
 
+# %% ../nbs/42_vlm.ipynb #997bc650
 @register("probe")
 class Probe(BaseAdapter):
     "Learned probe: frozen 3D CT features + question/option embeddings -> small head, cross-fitted over scans."
@@ -666,25 +675,6 @@ class Probe(BaseAdapter):
                        "threads": int(threads)}
         self._extractor, self._embedder, self._preds, self.folds_used = extractor, embedder, None, {}
         self._text_model = text_model
-
-    def features(self) -> FeatureCache:
-        if not isinstance(self._extractor, FeatureCache):
-            ex = self._extractor or astra_extractor(self.config["encoder"], self.config["device"], self.config["threads"])
-            self._extractor = FeatureCache(ex, f"{self.config['encoder']}-t{self.config['threads']}", self.config["cache_dir"])
-        return self._extractor
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if self._embedder is None:
-            from spatialvqa.embed import sbert_embed
-            self._embedder = lambda t: sbert_embed(t, model=self._text_model, device=self.config["device"])
-        return np.asarray(self._embedder(texts), dtype=np.float32)
-
-    def record_inputs(self, record: dict) -> dict:
-        "What the head reads about `record` (its CT's cached features, averaged over its CTs, and the text embeddings)."
-        imgs = record.get("images") or []
-        if not imgs: raise PredictionError(f"probe: record {record.get('qid')} names no CT")
-        ct = np.mean([self.features()(p) for p in imgs], axis=0).round(FEATURE_DECIMALS)   # far above the noise
-        return probe_inputs(record, ct, self.embed)
 
     def prepare(self, records: Sequence[dict]) -> None:
         from threadpoolctl import threadpool_limits
@@ -721,6 +711,29 @@ class Probe(BaseAdapter):
         if p is None:
             raise PredictionError(f"probe: no cross-fitted answer for {r['qid']} (no training data of its kind in the other folds)")
         return p if r["format"] == "mc" else fmt_number(p, r.get("unit"))
+
+# %% ../nbs/42_vlm.ipynb #1207d071
+@patch
+def features(self: Probe) -> FeatureCache:
+    if not isinstance(self._extractor, FeatureCache):
+        ex = self._extractor or astra_extractor(self.config["encoder"], self.config["device"], self.config["threads"])
+        self._extractor = FeatureCache(ex, f"{self.config['encoder']}-t{self.config['threads']}", self.config["cache_dir"])
+    return self._extractor
+
+@patch
+def embed(self: Probe, texts: list[str]) -> np.ndarray:
+    if self._embedder is None:
+        from spatialvqa.embed import sbert_embed
+        self._embedder = lambda t: sbert_embed(t, model=self._text_model, device=self.config["device"])
+    return np.asarray(self._embedder(texts), dtype=np.float32)
+
+@patch
+def record_inputs(self: Probe, record: dict) -> dict:
+    "What the head reads about `record` (its CT's cached features, averaged over its CTs, and the text embeddings)."
+    imgs = record.get("images") or []
+    if not imgs: raise PredictionError(f"probe: record {record.get('qid')} names no CT")
+    ct = np.mean([self.features()(p) for p in imgs], axis=0).round(FEATURE_DECIMALS)   # far above the noise
+    return probe_inputs(record, ct, self.embed)
 
 # %% ../nbs/42_vlm.ipynb #4990b558
 def toy_probe_records(folder: str | os.PathLike, n_scans: int = 8, per_scan: int = 3, seed: int = 0) -> list[dict]:

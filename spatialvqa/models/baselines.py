@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastcore.basics import patch
+
 from ..core import append_jsonl, stable_hash
 from ..questions.core import LETTERS
 from .protocol import BaseAdapter, ModelInput, PredictionError, register
@@ -47,7 +49,7 @@ class RandomAdapter(BaseAdapter):
         lo, hi = RANDOM_RANGES.get(r.get("unit"), RANDOM_RANGES[None])
         return _fmt(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))), r.get("unit"))
 
-# %% ../../nbs/41_models/01_baselines.ipynb #741fe39e
+# %% ../../nbs/41_models/01_baselines.ipynb #73ef81c6
 def _remember_per_record(obj, methods: Sequence[str]) -> None:
     """Give `obj` a memory of each of its `methods` (of one record) that it has: each record object is computed once.
     Only for methods whose result does not depend on the seed, on records that stay alive while `obj` is used."""
@@ -60,6 +62,7 @@ def _remember_per_record(obj, methods: Sequence[str]) -> None:
     for name in methods:
         if callable(getattr(obj, name, None)): setattr(obj, name, remember(getattr(obj, name)))
 
+# %% ../../nbs/41_models/01_baselines.ipynb #0b7cf37f
 class _CrossFit(BaseAdapter):
     answerer = "prior"
 
@@ -92,27 +95,6 @@ class _CrossFit(BaseAdapter):
                     fitted = a[0].fit([r for r in base if fold[scan_family(r)] != k])
                     self._preds.update(zip([r["qid"] for r in test_], fitted.predict(test_)))
 
-    def seeded(self, records: Sequence[dict], seeds: Sequence[int]) -> Iterator[_CrossFit]:
-        """This adapter prepared on `records` with each of `seeds` in turn (`config.seed` set, as `prepare` with that
-        seed leaves it). An answerer that needs no fit (textbook, name cues, the leave-one-out atlas, other patients)
-        depends on its seed only through its coin: it is fitted once, each record's option probabilities are computed
-        once, and every seed then costs one coin per question. A learned one is cross-fitted again for every seed (the
-        seed splits the scans)."""
-        recs = [r for r in records if r.get("format") in ("mc", "numeric") and r.get("spec") is not None]
-        a = self._make()[0]
-        if getattr(a, "needs_fit", True) or any(r.get("rotation") for r in recs):
-            for s in seeds:
-                self.config["seed"] = int(s)
-                self.prepare(records)
-                yield self
-            return
-        fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.answerers.cross_fit_answerers` fits it
-        _remember_per_record(fitted, ("proba", "_evaluate"))
-        for s in seeds:
-            self.config["seed"] = fitted.seed = int(s)
-            self._preds = dict(zip([r["qid"] for r in recs], fitted.predict(recs)))
-            yield self
-
     def answer(self, inp: ModelInput) -> str:
         r = inp.record
         if self._preds is None or r["qid"] not in self._preds:
@@ -120,6 +102,29 @@ class _CrossFit(BaseAdapter):
         p = self._preds[r["qid"]]
         if r["format"] == "mc": return p or ""
         return _fmt(p, r.get("unit"))
+
+# %% ../../nbs/41_models/01_baselines.ipynb #cc4bb561
+@patch
+def seeded(self: _CrossFit, records: Sequence[dict], seeds: Sequence[int]) -> Iterator[_CrossFit]:
+    """This adapter prepared on `records` with each of `seeds` in turn (`config.seed` set, as `prepare` with that
+    seed leaves it). An answerer that needs no fit (textbook, name cues, the leave-one-out atlas, other patients)
+    depends on its seed only through its coin: it is fitted once, each record's option probabilities are computed
+    once, and every seed then costs one coin per question. A learned one is cross-fitted again for every seed (the
+    seed splits the scans)."""
+    recs = [r for r in records if r.get("format") in ("mc", "numeric") and r.get("spec") is not None]
+    a = self._make()[0]
+    if getattr(a, "needs_fit", True) or any(r.get("rotation") for r in recs):
+        for s in seeds:
+            self.config["seed"] = int(s)
+            self.prepare(records)
+            yield self
+        return
+    fitted = a.fit(recs) if getattr(a, "loso", False) else a       # as `validate.answerers.cross_fit_answerers` fits it
+    _remember_per_record(fitted, ("proba", "_evaluate"))
+    for s in seeds:
+        self.config["seed"] = fitted.seed = int(s)
+        self._preds = dict(zip([r["qid"] for r in recs], fitted.predict(recs)))
+        yield self
 
 # %% ../../nbs/41_models/01_baselines.ipynb #3c01fe73
 @register("prior")

@@ -131,15 +131,26 @@ def _repeated(items: Iterable) -> Any:
         seen.add(x)
     return None
 
-# %% ../../nbs/41_models/07_run.ipynb #3bbdba3d
-def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathLike,
-                  inputs_fn: Callable[[dict, str], ModelInput] | None = None, batch_size: int = 8, max_retries: int = 2,
-                  prompt_style: str = "default", retry_wait: float = 1.0, desc: str | None = None,
-                  overwrite: bool = False, mixed: bool = False) -> RunSummary:
-    """Answer every record of `records` with `adapter` into `out` (JSONL, one row per key; other configs' rows kept),
-    resuming a partial run. `inputs_fn(record, prompt)` makes each `ModelInput` (default: `make_inputs("none")`).
-    `overwrite`: replace whatever is at `out` (and this run's partial rows) instead of refusing a file that holds no
-    predictions; `mixed`: let `out` hold other models' rows too (refused by default: a predictions file holds one model)."""
+# %% ../../nbs/41_models/07_run.ipynb #00f3e856
+@dataclasses.dataclass
+class _RunPlan:
+    """What a run writes where: `out` and its log, the inputs maker, the config's hash, the representation, and each
+    qid's prompt, prompt hash and key."""
+    out: Path
+    log_path: Path
+    inputs_fn: Callable[[dict, str], ModelInput]
+    style: str
+    cfg_hash: str
+    rep: str
+    prompts: dict[str, str]
+    p_hash: dict[str, str]
+    keys: dict[str, str]
+    @property
+    def mine(self) -> set[str]: return set(self.keys.values())
+
+def _run_plan(adapter: Adapter, records: Sequence[dict], out: str | os.PathLike,
+              inputs_fn: Callable[[dict, str], ModelInput] | None, prompt_style: str) -> _RunPlan:
+    "The plan of a run of `adapter` over `records` into `out` (`inputs_fn` None: `make_inputs(\"none\")`)."
     out = check_output(out)
     log_path = check_output(partial_path(out))
     inputs_fn = inputs_fn or make_inputs("none")
@@ -150,77 +161,125 @@ def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathL
     prompts = {r["qid"]: build_prompt(r, prompt_style) for r in records}
     p_hash = {q: stable_hash(p) for q, p in prompts.items()}
     keys = {q: prediction_key(q, cfg_hash, p_hash[q]) for q in prompts}
-    with _Lock(lock_path(out), out):
-        mine = set(keys.values())
-        partial = _read(log_path)
-        before = _predictions_file(out, overwrite, adapter.name, mixed, partial)
-        if overwrite and any(r.get("key") in mine for r in partial):      # start afresh: this run's earlier rows go
-            partial = [r for r in partial if r.get("key") not in mine]
-            write_jsonl(partial, log_path)
-        done = {r["key"] for r in before + partial if r.get("error") is None and r.get("key") in mine}
-        todo = [r for r in records if keys[r["qid"]] not in done]
-        skipped = len(records) - len(todo)
-        if skipped: log.info("%s: %d of %d records already answered; resuming", out, skipped, len(records))
-        if todo and hasattr(adapter, "prepare"): adapter.prepare(list(records))
-        answered = errors = 0
+    return _RunPlan(out, log_path, inputs_fn, prompt_style, cfg_hash, rep, prompts, p_hash, keys)
 
-        def write(r, raw, error, attempts, latency):
-            nonlocal answered, errors
-            append_jsonl(_row(adapter, r["qid"], keys[r["qid"]], cfg_hash, p_hash[r["qid"]], prompt_style, rep, raw, error,
-                              attempts, latency), log_path)
-            answered += 1; errors += error is not None
+# %% ../../nbs/41_models/07_run.ipynb #7cd7110d
+def _resume(plan: _RunPlan, records: Sequence[dict], adapter: Adapter, overwrite: bool,
+            mixed: bool) -> tuple[list[dict], list[dict]]:
+    "The rows at `out` before the run and the records still to answer; logs how many are already answered."
+    mine = plan.mine
+    partial = _read(plan.log_path)
+    before = _predictions_file(plan.out, overwrite, adapter.name, mixed, partial)
+    if overwrite and any(r.get("key") in mine for r in partial):      # start afresh: this run's earlier rows go
+        partial = [r for r in partial if r.get("key") not in mine]
+        write_jsonl(partial, plan.log_path)
+    done = {r["key"] for r in before + partial if r.get("error") is None and r.get("key") in mine}
+    todo = [r for r in records if plan.keys[r["qid"]] not in done]
+    skipped = len(records) - len(todo)
+    if skipped: log.info("%s: %d of %d records already answered; resuming", plan.out, skipped, len(records))
+    return before, todo
 
-        def one(r, inp, error, solo: bool = False):
-            """Try one record alone after its batch failed: once more at once when the batch held others (`solo`),
-            then up to `max_retries` times with back-off; a `PredictionError` or a missing file is final."""
-            attempts, tries = 1, max_retries + solo
-            while tries > 0 and ((solo and attempts == 1) or not isinstance(error, _FINAL)):
-                if not (solo and attempts == 1): time.sleep(retry_wait * 2 ** (attempts - 1 - solo))
-                tries -= 1; attempts += 1
-                t0 = time.monotonic()
-                try:
-                    raw = adapter.predict([inp])
-                    if len(raw) != 1: raise RuntimeError(f"adapter returned {len(raw)} answers for 1 input")
-                    return write(r, str(raw[0]), None, attempts, time.monotonic() - t0)
-                except (KeyboardInterrupt, SystemExit): raise
-                except Exception as e: error = e
-            write(r, None, _err(error), attempts, 0.0)
+# %% ../../nbs/41_models/07_run.ipynb #733b6a6c
+class _RowWriter:
+    "Appends each answer of a run to its log as one prediction row (`_row`), counting the answers and the errors."
+    def __init__(self, adapter: Adapter, plan: _RunPlan): self.adapter, self.plan, self.answered, self.errors = adapter, plan, 0, 0
+    def __call__(self, r: dict, raw: str | None, error: str | None, attempts: int, latency: float):
+        p, q = self.plan, r["qid"]
+        append_jsonl(_row(self.adapter, q, p.keys[q], p.cfg_hash, p.p_hash[q], p.style, p.rep, raw, error, attempts, latency),
+                     p.log_path)
+        self.answered += 1; self.errors += error is not None
 
-        bar = progress(None, total=len(todo), desc=desc or adapter.name, unit="q")
+def _make_batch(chunk: Sequence[dict], plan: _RunPlan, write: _RowWriter) -> list[tuple[dict, ModelInput]]:
+    "(record, input) of each record of `chunk` whose input could be made; one whose input fails is written as its error."
+    batch = []
+    for r in chunk:
+        try: batch.append((r, plan.inputs_fn(r, plan.prompts[r["qid"]])))
+        except (KeyboardInterrupt, SystemExit): raise
+        except Exception as e: write(r, None, _err(e), 1, 0.0)
+    return batch
+
+# %% ../../nbs/41_models/07_run.ipynb #81207ff5
+def _retry_alone(adapter: Adapter, write: _RowWriter, r: dict, inp: ModelInput, error: BaseException, solo: bool,
+                 max_retries: int, retry_wait: float):
+    """Try one record alone after its batch failed: once more at once when the batch held others (`solo`),
+    then up to `max_retries` times with back-off; a `PredictionError` or a missing file is final."""
+    attempts, tries = 1, max_retries + solo
+    while tries > 0 and ((solo and attempts == 1) or not isinstance(error, _FINAL)):
+        if not (solo and attempts == 1): time.sleep(retry_wait * 2 ** (attempts - 1 - solo))
+        tries -= 1; attempts += 1
+        t0 = time.monotonic()
         try:
-            for i in range(0, len(todo), max(1, int(batch_size))):
-                chunk, batch = todo[i:i + max(1, int(batch_size))], []
-                for r in chunk:
-                    try: batch.append((r, inputs_fn(r, prompts[r["qid"]])))
-                    except (KeyboardInterrupt, SystemExit): raise
-                    except Exception as e: write(r, None, _err(e), 1, 0.0)
-                if batch:
-                    t0 = time.monotonic()
-                    try:
-                        raw = adapter.predict([inp for _, inp in batch])
-                        if len(raw) != len(batch): raise RuntimeError(f"adapter returned {len(raw)} answers for {len(batch)} inputs")
-                    except (KeyboardInterrupt, SystemExit): raise
-                    except Exception as e:
-                        for r, inp in batch: one(r, inp, e, solo=len(batch) > 1)
-                    else:
-                        lat = (time.monotonic() - t0) / len(batch)
-                        for (r, _), a in zip(batch, raw): write(r, None if a is None else str(a), None if a is not None else "no answer", 1, lat)
-                bar.update(len(chunk)); bar.set_postfix(errors=errors, refresh=False)
-        except KeyboardInterrupt:
-            log.warning("%s: interrupted after %d new answers (%d done in all); run again to resume", out, answered, skipped + answered)
-            raise
-        finally: bar.close()
-        partial = _read(log_path)
-        rows = compact(before + [r for r in partial if r.get("key") in mine], keys)
-        run = [r for r in rows if r.get("key") in mine]
-        complete = len(run) == len(records)
-        write_jsonl(rows, out)
-        if complete:
-            others = [r for r in partial if r.get("key") not in mine]     # another config's interrupted run: kept
-            if others: write_jsonl(others, log_path)
-            else: log_path.unlink(missing_ok=True)
-        first = next((f"{r['qid']}: {r['error']}" for r in run if r["error"] is not None), None)
-        return RunSummary(len(records), skipped, answered, sum(r["error"] is not None for r in run), complete, str(out), cfg_hash, first)
+            raw = adapter.predict([inp])
+            if len(raw) != 1: raise RuntimeError(f"adapter returned {len(raw)} answers for 1 input")
+            return write(r, str(raw[0]), None, attempts, time.monotonic() - t0)
+        except (KeyboardInterrupt, SystemExit): raise
+        except Exception as e: error = e
+    write(r, None, _err(error), attempts, 0.0)
+
+def _answer_batch(adapter: Adapter, batch: Sequence[tuple[dict, ModelInput]], write: _RowWriter, max_retries: int,
+                  retry_wait: float):
+    "Answer `batch` (record, input) in one call and write its rows; if the call fails, each record alone (`_retry_alone`)."
+    if not batch: return
+    t0 = time.monotonic()
+    try:
+        raw = adapter.predict([inp for _, inp in batch])
+        if len(raw) != len(batch): raise RuntimeError(f"adapter returned {len(raw)} answers for {len(batch)} inputs")
+    except (KeyboardInterrupt, SystemExit): raise
+    except Exception as e:
+        for r, inp in batch: _retry_alone(adapter, write, r, inp, e, len(batch) > 1, max_retries, retry_wait)
+    else:
+        lat = (time.monotonic() - t0) / len(batch)
+        for (r, _), a in zip(batch, raw): write(r, None if a is None else str(a), None if a is not None else "no answer", 1, lat)
+
+# %% ../../nbs/41_models/07_run.ipynb #a5f01fb3
+def _answer_todo(adapter: Adapter, plan: _RunPlan, todo: Sequence[dict], write: _RowWriter, batch_size: int,
+                 max_retries: int, retry_wait: float, desc: str | None, skipped: int):
+    "Answer the records of `todo` in batches of `batch_size`, writing every row."
+    bar = progress(None, total=len(todo), desc=desc or adapter.name, unit="q")
+    try:
+        for i in range(0, len(todo), max(1, int(batch_size))):
+            chunk = todo[i:i + max(1, int(batch_size))]
+            _answer_batch(adapter, _make_batch(chunk, plan, write), write, max_retries, retry_wait)
+            bar.update(len(chunk)); bar.set_postfix(errors=write.errors, refresh=False)
+    except KeyboardInterrupt:
+        log.warning("%s: interrupted after %d new answers (%d done in all); run again to resume", plan.out, write.answered,
+                    skipped + write.answered)
+        raise
+    finally: bar.close()
+
+def _write_out(plan: _RunPlan, records: Sequence[dict], before: list[dict], skipped: int, answered: int) -> RunSummary:
+    """Compact the rows at `out` before the run and the log's rows of this run into `out`; once the run is complete its
+    rows leave the log (removed when it holds no other run's rows). What the run did."""
+    mine = plan.mine
+    partial = _read(plan.log_path)
+    rows = compact(before + [r for r in partial if r.get("key") in mine], plan.keys)
+    run = [r for r in rows if r.get("key") in mine]
+    complete = len(run) == len(records)
+    write_jsonl(rows, plan.out)
+    if complete:
+        others = [r for r in partial if r.get("key") not in mine]     # another config's interrupted run: kept
+        if others: write_jsonl(others, plan.log_path)
+        else: plan.log_path.unlink(missing_ok=True)
+    first = next((f"{r['qid']}: {r['error']}" for r in run if r["error"] is not None), None)
+    return RunSummary(len(records), skipped, answered, sum(r["error"] is not None for r in run), complete, str(plan.out),
+                      plan.cfg_hash, first)
+
+# %% ../../nbs/41_models/07_run.ipynb #3bbdba3d
+def run_inference(adapter: Adapter, records: Sequence[dict], out: str | os.PathLike,
+                  inputs_fn: Callable[[dict, str], ModelInput] | None = None, batch_size: int = 8, max_retries: int = 2,
+                  prompt_style: str = "default", retry_wait: float = 1.0, desc: str | None = None,
+                  overwrite: bool = False, mixed: bool = False) -> RunSummary:
+    """Answer every record of `records` with `adapter` into `out` (JSONL, one row per key; other configs' rows kept),
+    resuming a partial run. `inputs_fn(record, prompt)` makes each `ModelInput` (default: `make_inputs("none")`).
+    `overwrite`: replace whatever is at `out` (and this run's partial rows) instead of refusing a file that holds no
+    predictions; `mixed`: let `out` hold other models' rows too (refused by default: a predictions file holds one model)."""
+    plan = _run_plan(adapter, records, out, inputs_fn, prompt_style)
+    with _Lock(lock_path(plan.out), plan.out):
+        before, todo = _resume(plan, records, adapter, overwrite, mixed)
+        if todo and hasattr(adapter, "prepare"): adapter.prepare(list(records))
+        write, skipped = _RowWriter(adapter, plan), len(records) - len(todo)
+        _answer_todo(adapter, plan, todo, write, batch_size, max_retries, retry_wait, desc, skipped)
+        return _write_out(plan, records, before, skipped, write.answered)
 
 # %% ../../nbs/41_models/07_run.ipynb #6880d053
 def _answer_all(adapter: Adapter, inputs: Sequence[ModelInput | BaseException], batch_size: int = 8,
