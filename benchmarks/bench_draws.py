@@ -1,5 +1,5 @@
-"""The `draws` stage's seeded baselines: `results.seed_draws` (one read of the benchmark, answers in memory, each
-distinct answer scored once) beside `results.seed_draws_by_infer` (the previous implementation: every seed a real
+"""The `draws` stage's seeded baselines: `results.draws.seed_draws` (one read of the benchmark, answers in memory, each
+distinct answer scored once) beside `results.draws.seed_draws_by_infer` (the previous implementation: every seed a real
 `infer` run into a prediction file, scored from the file), per model, on the same benchmark and seeds. Checks that
 the two give identical values and prints seconds per model side by side.
 
@@ -19,7 +19,7 @@ os.environ.setdefault("SPATIALVQA_LOG", "WARNING")
 import pandas as pd
 
 from spatialvqa.core import load_params
-from spatialvqa.results import seed_draws, seed_draws_by_infer
+from spatialvqa.results.draws import seed_draws, seed_draws_by_infer
 
 DRAWS = "random,prior,blind_text,atlas,atlas_loso,atlas_subject,atlas_3subjects,textbook,name_cue"
 

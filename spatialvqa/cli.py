@@ -222,7 +222,7 @@ def _score_inputs(files: list[str], work: Path) -> dict:
     "The score stage's predictions folder, models and params file for `files`, each run under its own name."
     import yaml
     from spatialvqa.core import read_jsonl, write_jsonl
-    from spatialvqa.results import split_runs
+    from spatialvqa.results.scores import split_runs
     runs: dict[str, list] = {}
     for f in files:
         rows = read_jsonl(f, strict=True, require=("qid",))

@@ -31,7 +31,7 @@ from .questions.core import LETTERS, TASKS, fmt_number
 from .questions.generate import RECORD_FIELDS
 from .questions.tables import markdown_table
 from .scoring import outcome
-from .results import in_scope
+from .results.scores import in_scope
 
 # %% auto #0
 __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE', 'FIELD_NOTES', 'LICENCE_NAME', 'LMMS_UTILS',

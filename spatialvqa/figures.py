@@ -19,7 +19,9 @@ from .questions.core import TASKS
 from .questions.tables import NO_TUMOUR, composition_long
 from .scoring import ERROR_TYPES, SCORE_STATUSES, failure_type_table
 from .stats import word_counts
-from .results import DEFAULT_MODEL_INFO, PAIR_COLUMNS, TABLE2_TASKS, in_scope
+from .results.scores import TABLE2_TASKS, in_scope
+from .results.pairs import PAIR_COLUMNS
+from .results.table2 import DEFAULT_MODEL_INFO
 
 # %% auto #0
 __all__ = ['MATRIX_STATES', 'plot_composition', 'model_colours', 'plot_task_bars', 'plot_organ_heatmap', 'plot_radar',

@@ -113,7 +113,7 @@ def test_infer_keeps_other_configs_predictions(tmp_path, capsys):
     assert len(rows) == 18 and len({r["config_hash"] for r in rows}) == 3 and len({r["key"] for r in rows}) == 18
     assert all(r in rows for r in first)                                      # the first run's rows, untouched
     # the scorer never picks one of them silently (issue 23): it refuses the file, naming the runs; split_runs scores each
-    from spatialvqa.results import read_predictions, split_runs
+    from spatialvqa.results.scores import read_predictions, split_runs
     with pytest.raises(ValueError, match="p.jsonl: holds 3 runs"): read_predictions(tmp_path, ["p"])
     assert sorted(len(v) for v in split_runs(rows).values()) == [6, 6, 6]
 
@@ -397,8 +397,8 @@ def test_score_bad_benchmark_record_names_the_qid(bad, why):
 
 
 def test_score_stage_names_the_benchmark_file():
-    "The score stage scores through results.score_models, which passes the benchmark file on to the error."
-    from spatialvqa.results import score_models
+    "The score stage scores through results.scores.score_models, which passes the benchmark file on to the error."
+    from spatialvqa.results.scores import score_models
     from spatialvqa.scoring import toy_records
     recs = toy_records(2, 2, 2)
     i = next(i for i, r in enumerate(recs) if r["format"] == "numeric")
@@ -542,7 +542,7 @@ def test_i23_infer_refuses_a_second_model_in_one_file(tmp_path):
     refused(cli("infer", "--model", "oracle", "--benchmark", b, "--out", pred), "infer", "random.jsonl holds predictions of random, not of oracle", "--mixed")
     assert tree(tmp_path) == before
     assert cli("infer", "--model", "coin", "--adapter", "random", "--config", "seed=5", "--benchmark", b, "--out", pred, "--mixed")[0] == 0
-    from spatialvqa.results import read_predictions
+    from spatialvqa.results.scores import read_predictions
     with pytest.raises(ValueError, match=r"random.jsonl: holds 2 runs \(random: 6 rows, coin: 6 rows\)"):
         read_predictions(pred.parent, ["random"])
 

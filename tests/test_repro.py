@@ -17,14 +17,19 @@ from pathlib import Path
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(int(sys.argv[2]))
 import matplotlib; matplotlib.use("Agg")
-from spatialvqa import results as R, figures as F
+from spatialvqa.results.scores import score_models
+from spatialvqa.results.pairs import toy_pairs
+from spatialvqa.results.table2 import table2_values, table2, chance_values
+from spatialvqa.results.writers import write_table
+from spatialvqa.results.breakdowns import score_metrics
+from spatialvqa import figures as F
 from spatialvqa.core import save_figure, write_csv, write_json, RESULT_DIGITS
-recs, preds = R.toy_pairs()
-scored = R.score_models(recs, preds)
-values = R.table2_values(scored, n_boot=300)
+recs, preds = toy_pairs()
+scored = score_models(recs, preds)
+values = table2_values(scored, n_boot=300)
 write_csv(values, out / "table2_values.csv")
-R.write_table(R.table2(values, chance=R.chance_values(scored)), out / "table2", "caption", latex=True)
-write_json(R.score_metrics(scored), out / "metrics.json", digits=RESULT_DIGITS)
+write_table(table2(values, chance=chance_values(scored)), out / "table2", "caption", latex=True)
+write_json(score_metrics(scored), out / "metrics.json", digits=RESULT_DIGITS)
 fig = F.plot_task_bars(values)
 save_figure(fig if not isinstance(fig, tuple) else fig[0], out / "task_accuracy.png", values)
 from spatialvqa.ctsvqa.metrics import text_metrics
