@@ -54,6 +54,7 @@ def resize_linear(a: np.ndarray, shape: Sequence[int], axes: Sequence[int] | Non
         if a.shape[ax] != n: a = lerp_axis(a, ax, half_pixel(a.shape[ax], int(n)))
     return a
 
+# %% ../../nbs/40_views/00_transforms.ipynb #3ecb55e9
 def nearest_index(n_in: int, n_out: int) -> np.ndarray:
     "Source indices of `interpolate(mode='nearest')`: floor(o * n_in / n_out) in float32, as torch computes it."
     if n_in == n_out: return np.arange(n_out)
