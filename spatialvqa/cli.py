@@ -385,7 +385,7 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
     "spatialvqa.review": {"reviews": "mean score, inclusion and inter-rater agreement from filled review sheets"},
     "spatialvqa.export": {"export": "export a Track A benchmark JSONL for datasets, VLMEvalKit and lmms-eval"},
     "spatialvqa.models.commands": {"infer": "run one model over a benchmark; resumable, one prediction per qid"},
-    "spatialvqa.views": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
+    "spatialvqa.views.commands": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
 }
 
 def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from .core import get_logger, stable_hash
 from .questions.core import LETTERS
 from .models.protocol import BaseAdapter, ModelInput, PredictionError, register
 from .prompt import build_prompt
-from .views import preset
+from .views.presets import preset
 
 # %% auto #0
 __all__ = ['QWEN_TEMPLATE', 'GEMMA_TEMPLATE', 'PROBE_THREADS', 'FEATURE_DECIMALS', 'expand_placeholders', 'require_revision',

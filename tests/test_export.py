@@ -38,7 +38,7 @@ def kept(tmp_path_factory):
 def views(kept, tmp_path_factory):
     """The render stage's layout (index.jsonl naming files relative to the root) with real axial views of each question,
     rendered by spatialvqa.views (small, to keep the test quick)."""
-    from spatialvqa.views import group_by_scan, render_records
+    from spatialvqa.views.cache import group_by_scan, render_records
     root = tmp_path_factory.mktemp("root")
     rows = [row for g in group_by_scan(kept)
             for row in render_records({"records": g, "representation": "axial", "cache": str(root / "cache"),

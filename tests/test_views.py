@@ -2,7 +2,7 @@
 the operations the upstream code itself calls (torch `F.interpolate`, nibabel, pydicom, scipy; MONAI when it is
 installed), on a phantom stored LPS; radiological orientation of the 2D views; the content-hash cache; the slice grid.
 
-Upstream recipes (repository@commit file lines) are cited next to each re-expression; see nbs/40_views.ipynb."""
+Upstream recipes (repository@commit file lines) are cited next to each re-expression; see nbs/40_views/."""
 
 import nibabel as nib
 import numpy as np
@@ -10,11 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spatialvqa import views as V
 from spatialvqa.anatomy import NAME_TO_ID
 from spatialvqa.phantom.body import VARIANTS
 from spatialvqa.phantom.subject import make_subject, orient
 from spatialvqa.scan import Volume, read_volume, write_dicom_series, write_volume
+from spatialvqa.views.transforms import orient_to
+from spatialvqa.views.presets import PRESETS, preset
+from spatialvqa.views.planes import OKABE_ITO_RGB, VIEWS
+from spatialvqa.views.render import render_grid, render_views
+from spatialvqa.views.inputs import RENDERS, make_input
+from spatialvqa.views.cache import get_or_render, render_records
 
 torch.set_num_threads(1)
 
@@ -55,7 +60,7 @@ def test_presets_do_not_depend_on_storage_orientation(subj):
     # every preset reorients from the affine: a block stored PSR (axes permuted and flipped) gives the same array as
     # stored RAS (the tests below also go through LPS-stored files)
     block = _crop(subj.image, (10, 8, 20), (40, 32, 44))
-    for name, p in V.PRESETS.items():
+    for name, p in PRESETS.items():
         if name == "ctchat": continue                            # the CT-CLIP recipe (checked below)
         ref = p(block)
         np.testing.assert_array_equal(p(orient(block, "PSR")), ref, err_msg=name)
@@ -65,7 +70,7 @@ def test_presets_do_not_depend_on_storage_orientation(subj):
 
 def test_orient_to_round_trip(subj):
     for o in ("LPS", "LPI", "SRA", "PSR"):
-        v = V.orient_to(orient(subj.image, o), "RAS")
+        v = orient_to(orient(subj.image, o), "RAS")
         np.testing.assert_array_equal(v.array, subj.image.array)
         np.testing.assert_allclose(v.affine, subj.image.affine)
 
@@ -88,7 +93,7 @@ def m3d_upstream(a_lps: np.ndarray, size) -> np.ndarray:
 @pytest.mark.parametrize("name,size", [("m3d", (32, 256, 256)), ("med3dvlm", (128, 256, 256))])
 def test_m3d_med3dvlm_match_upstream(subj, name, size):
     lps = orient(subj.image, "LPS")
-    got = V.preset(name)(lps)
+    got = preset(name)(lps)
     assert got.shape == (1, *size)
     np.testing.assert_allclose(got, m3d_upstream(lps.array, size), atol=2e-6)
 
@@ -100,7 +105,7 @@ def test_m3d_with_monai_if_installed(subj):
     image = image - image.min()
     image = image / np.clip(image.max(), a_min=1e-8, a_max=None)
     ref = mtf.Compose([mtf.CropForeground(), mtf.Resize(spatial_size=[32, 256, 256], mode="bilinear")])(image)
-    np.testing.assert_allclose(V.preset("m3d")(lps), np.asarray(ref), atol=2e-6)
+    np.testing.assert_allclose(preset("m3d")(lps), np.asarray(ref), atol=2e-6)
 
 
 def radfm_upstream(a_lps: np.ndarray) -> np.ndarray:
@@ -125,14 +130,14 @@ def radfm_upstream(a_lps: np.ndarray) -> np.ndarray:
 
 def test_radfm_matches_upstream(subj):
     lps = orient(subj.image, "LPS")
-    got = V.preset("radfm")(lps)
+    got = preset("radfm")(lps)
     ref = radfm_upstream(lps.array)
     assert got.shape == ref.shape == (3, 512, 512, 64)                          # 77 slices -> the closest of 4..64
     np.testing.assert_allclose(got, ref, atol=2e-6)
     short = _crop(subj.image, (0, 0, 30), (62, 45, 48))                        # 18 slices -> 16 (ties go down)
-    got = V.preset("radfm")(orient(short, "LPS"))
+    got = preset("radfm")(orient(short, "LPS"))
     np.testing.assert_allclose(got, radfm_upstream(orient(short, "LPS").array), atol=2e-6)
-    assert got.shape[-1] == 16 and V.preset("radfm").target_depth(18) == 16
+    assert got.shape[-1] == 16 and preset("radfm").target_depth(18) == 16
 
 
 def ctclip_upstream(path) -> torch.Tensor:
@@ -165,12 +170,12 @@ def test_ctclip_ctchat_match_upstream(subj, tmp_path):
     # become 240 x 192 x 128 at 0.75 x 0.75 x 1.5 mm, then padded to 480 x 480 x 240
     block = orient(_crop(subj.image, (10, 8, 20), (40, 32, 44)), "LPS")
     path = write_volume(block, tmp_path / "ct.nii.gz")
-    got = V.preset("ctclip")(read_volume(path))
+    got = preset("ctclip")(read_volume(path))
     ref = ctclip_upstream(path).numpy()
     assert got.shape == ref.shape == (1, 240, 480, 480)
     np.testing.assert_allclose(got, ref, atol=1e-6)
     # CT-CHAT encodes the same tensor (CT-CHAT@33c9b97 llava/serve/encode_script.py L33-95 repeats the recipe)
-    same = lambda name: {k: v for k, v in V.preset(name).params().items() if k != "name"}
+    same = lambda name: {k: v for k, v in preset(name).params().items() if k != "name"}
     assert same("ctchat") == same("ctclip")
 
 
@@ -194,7 +199,7 @@ def merlin_upstream(vol: Volume) -> np.ndarray:
 
 def test_merlin_matches_upstream(subj):
     lps = orient(subj.image, "LPS")
-    got = V.preset("merlin")(lps)
+    got = preset("merlin")(lps)
     assert got.shape == (1, 224, 224, 160)
     np.testing.assert_allclose(got, merlin_upstream(lps), atol=1e-6)
 
@@ -208,7 +213,7 @@ def test_merlin_with_monai_if_installed(files):
                   SpatialPadd(keys=["image"], spatial_size=[224, 224, 160]),
                   CenterSpatialCropd(roi_size=[224, 224, 160], keys=["image"])])
     ref = np.asarray(tf({"image": str(files["nii"])})["image"])
-    np.testing.assert_allclose(V.preset("merlin")(read_volume(files["nii"])), ref, atol=1e-5)
+    np.testing.assert_allclose(preset("merlin")(read_volume(files["nii"])), ref, atol=1e-5)
 
 
 def test_medgemma_matches_upstream(tmp_path):
@@ -235,7 +240,7 @@ def test_medgemma_matches_upstream(tmp_path):
     window_clips = [(-1024, 1024), (-135, 215), (0, 80)]
     ref = np.stack([np.round(np.stack([norm(s, lo, hi) for lo, hi in window_clips], axis=-1), 0).astype(np.uint8)
                     for s in ct_volume_slices])
-    got = V.preset("medgemma")(read_volume(folder))
+    got = preset("medgemma")(read_volume(folder))
     assert got.shape == ref.shape == (85, subj.image.shape[1], subj.image.shape[0], 3)
     np.testing.assert_array_equal(got, ref)
 
@@ -251,16 +256,16 @@ def _centre(lab: np.ndarray, name: str) -> np.ndarray:
 @pytest.mark.parametrize("stored", ["nrrd", "nii"])
 def test_views_are_radiological(files, stored):
     paths = (files[stored], files[f"{stored}_labels"] if stored == "nii" else files["nrrd_labels"])
-    v = V.render_views(paths, ["liver", "spleen", "heart"], size=192)
+    v = render_views(paths, ["liver", "spleen", "heart"], size=192)
     for view in ("axial", "coronal"):                          # patient's right on the image left
         assert _centre(v[view].labels, "liver")[0] < _centre(v[view].labels, "spleen")[0], view
     assert _centre(v["coronal"].labels, "heart")[1] < _centre(v["coronal"].labels, "liver")[1]   # head up
-    sag = V.render_views(paths, ["sternum", "spinal_cord"], size=192)
+    sag = render_views(paths, ["sternum", "spinal_cord"], size=192)
     assert _centre(sag["axial"].labels, "sternum")[1] < _centre(sag["axial"].labels, "spinal_cord")[1]   # anterior up
     assert _centre(sag["sagittal"].labels, "sternum")[0] < _centre(sag["sagittal"].labels, "spinal_cord")[0]  # anterior left
     # the outlines drawn on the image agree: orange (liver) pixels left of bluish-green (spleen) ones
     img = v["axial"].image
-    cols = {c: np.argwhere((img == np.array(V.OKABE_ITO_RGB[k], np.uint8)).all(-1))[:, 1].mean() for k, c in [(0, "liver"), (1, "spleen")]}
+    cols = {c: np.argwhere((img == np.array(OKABE_ITO_RGB[k], np.uint8)).all(-1))[:, 1].mean() for k, c in [(0, "liver"), (1, "spleen")]}
     assert cols["liver"] < cols["spleen"]
     assert v["axial"].meta["orientation"] == {"left": "R", "right": "L", "top": "A", "bottom": "P"}
     assert v["sagittal"].meta["orientation"] == {"left": "A", "right": "P", "top": "S", "bottom": "I"}
@@ -271,31 +276,31 @@ def test_views_identical_for_any_storage(subj, tmp_path):
     for o in ("RAS", "LPS", "PSR"):
         ip = write_volume(orient(subj.image, o), tmp_path / f"i_{o}.nii.gz")
         lp = write_volume(orient(subj.labels, o), tmp_path / f"l_{o}.nii.gz")
-        v = V.render_views((ip, lp), ["kidney_left", "aorta"], size=128)
+        v = render_views((ip, lp), ["kidney_left", "aorta"], size=128)
         if ref is None: ref = v; continue
-        for k in V.VIEWS:
+        for k in VIEWS:
             np.testing.assert_array_equal(v[k].labels, ref[k].labels)
             np.testing.assert_array_equal(v[k].image, ref[k].image)
 
 
 def test_crop_scale_and_windows(files):
-    v = V.render_views((files["nii"], files["nii_labels"]), ["kidney_right"], size=100, margin_mm=30, label=False)
+    v = render_views((files["nii"], files["nii_labels"]), ["kidney_right"], size=100, margin_mm=30, label=False)
     fovs = {m.meta["fov_mm"] for m in v.values()}
     assert len(fovs) == 1                                       # one scale for all three views
     fov = fovs.pop()
     assert all(m.meta["pixel_mm"] == pytest.approx(fov / 100) for m in v.values())
     assert v["axial"].meta["window_hu"] == [-150.0, 250.0]
-    lung = V.render_views((files["nii"], files["nii_labels"]), ["kidney_right"], size=100, window="lung", label=False)
+    lung = render_views((files["nii"], files["nii_labels"]), ["kidney_right"], size=100, window="lung", label=False)
     assert lung["axial"].meta["window_hu"] == [-1350.0, 150.0]
     assert not np.array_equal(lung["axial"].image, v["axial"].image)
     grey = v["axial"].image
     assert (grey[..., 0] == grey[..., 1]).all()                 # no marks drawn when label=False
     with pytest.raises(ValueError, match="unknown view"):
-        V.render_views((files["nii"], files["nii_labels"]), ["liver"], views=["oblique"])
+        render_views((files["nii"], files["nii_labels"]), ["liver"], views=["oblique"])
 
 
 def test_grid_layout(files):
-    g = V.render_grid((files["nii"], files["nii_labels"]), ["liver", "heart"], n=6, size=300)
+    g = render_grid((files["nii"], files["nii_labels"]), ["liver", "heart"], n=6, size=300)
     assert (g.meta["rows"], g.meta["cols"], g.meta["tile"]) == (2, 3, 100)
     assert g.image.shape == (200, 300, 3) and g.labels.shape == (200, 300)
     z = g.meta["slice_mm"]
@@ -308,10 +313,10 @@ def test_grid_layout(files):
     assert vis["heart"] == [t + 1 for t in heart]
     k = (np.array(z) - read_volume(files["nii"]).affine[2, 3]) / 8.0          # acquired slices only (8 mm apart)
     np.testing.assert_allclose(k, np.round(k), atol=1e-3)    # meta rounds to 0.001 mm
-    small = V.render_grid((files["nii"], files["nii_labels"]), ["adrenal_gland_left"], n=16, size=160)
+    small = render_grid((files["nii"], files["nii_labels"]), ["adrenal_gland_left"], n=16, size=160)
     assert small.meta["n_requested"] == 16 and 1 < small.meta["n"] < 16   # no tile repeats a slice
     assert len(set(small.meta["slice_mm"])) == small.meta["n"]
-    whole = V.render_grid((files["nii"], files["nii_labels"]), n=4, size=200, extent="scan")
+    whole = render_grid((files["nii"], files["nii_labels"]), n=4, size=200, extent="scan")
     assert whole.meta["extent"] == "scan" and whole.image.shape == (200, 200, 3)
 
 
@@ -326,42 +331,42 @@ def _record(files, qid="q1", structures=("liver", "spleen"), scans=1):
 
 def test_make_input_representations(files):
     rec = _record(files, scans=2)
-    assert len(V.make_input(rec, "three_views", size=64).arrays) == 6
-    assert len(V.make_input(rec, "coronal", size=64).arrays) == 2
-    g = V.make_input(rec, "grid", grid_n=4, grid_size=128)
+    assert len(make_input(rec, "three_views", size=64).arrays) == 6
+    assert len(make_input(rec, "coronal", size=64).arrays) == 2
+    g = make_input(rec, "grid", grid_n=4, grid_size=128)
     assert [a.shape for a in g.arrays] == [(128, 128, 3)] * 2
-    m = V.make_input(rec, "volume:m3d")
+    m = make_input(rec, "volume:m3d")
     assert m.kind == "volume" and [a.shape for a in m.arrays] == [(1, 32, 256, 256)] * 2
     np.testing.assert_array_equal(m.arrays[0], m.arrays[1])     # the same scan stored two ways
     with pytest.raises(ValueError, match="unknown representation"):
-        V.make_input(rec, "four_views")
+        make_input(rec, "four_views")
 
 
 def test_cache_hits_and_misses(files, tmp_path):
     cache = tmp_path / "cache"
-    V.RENDERS.clear()
+    RENDERS.clear()
     recs = [_record(files, "q1"), _record(files, "q2", ("heart",)), _record(files, "q3")]
-    first = [V.get_or_render(r, "three_views", cache, size=64) for r in recs]
+    first = [get_or_render(r, "three_views", cache, size=64) for r in recs]
     assert [c.misses for c in first] == [1, 1, 0]               # q3 names what q1 names: same key
-    assert V.RENDERS["three_views"] == 2
-    again = [V.get_or_render(r, "three_views", cache, size=64) for r in recs]
-    assert V.RENDERS["three_views"] == 2 and all(c.hits == 1 for c in again)
+    assert RENDERS["three_views"] == 2
+    again = [get_or_render(r, "three_views", cache, size=64) for r in recs]
+    assert RENDERS["three_views"] == 2 and all(c.hits == 1 for c in again)
     assert [c.paths for c in again] == [c.paths for c in first]
     # 3D: one rendering per scan, whatever the question
-    vols = [V.get_or_render(r, "volume:medgemma", cache) for r in recs]
-    assert V.RENDERS["volume:medgemma"] == 1 and len({tuple(c.paths) for c in vols}) == 1
+    vols = [get_or_render(r, "volume:medgemma", cache) for r in recs]
+    assert RENDERS["volume:medgemma"] == 1 and len({tuple(c.paths) for c in vols}) == 1
     # another parameter, or other file content, is another key
-    assert V.get_or_render(recs[0], "three_views", cache, size=64, window="bone").misses == 1
+    assert get_or_render(recs[0], "three_views", cache, size=64, window="bone").misses == 1
     changed = tmp_path / "image.nii.gz"
     vol = read_volume(files["nii"])
     write_volume(Volume(vol.array + 1, vol.affine), changed)
     rec = {**recs[0], "images": [str(changed)]}
-    assert V.get_or_render(rec, "three_views", cache, size=64).misses == 1
-    assert V.RENDERS["three_views"] == 4
+    assert get_or_render(rec, "three_views", cache, size=64).misses == 1
+    assert RENDERS["three_views"] == 4
 
 
 def test_render_records_reports_errors(files, tmp_path):
     bad = {**_record(files, "bad"), "structures": ["liver_tumor"], "label_ids": [250]}
-    rows = V.render_records({"records": [_record(files), bad], "representation": "axial", "cache": str(tmp_path), "params": {"size": 48}})
+    rows = render_records({"records": [_record(files), bad], "representation": "axial", "cache": str(tmp_path), "params": {"size": 48}})
     assert "error" not in rows[0] and len(rows[0]["paths"]) == 1
     assert rows[1]["qid"] == "bad" and "none of liver_tumor is in the label map" in rows[1]["error"]

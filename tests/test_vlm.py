@@ -16,7 +16,7 @@ from spatialvqa.models.registry import make_adapter
 from spatialvqa.prompt import build_prompt
 from spatialvqa.phantom.subject import make_subject
 from spatialvqa.scan import write_volume
-from spatialvqa.views import preset
+from spatialvqa.views.presets import preset
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 

@@ -28,7 +28,7 @@ class make_inputs:
         self.index = {r["qid"]: r for r in read_jsonl(index)} if index else None
         if self.representation in BLIND: self.spec = {"representation": "none"}
         else:
-            from spatialvqa.views import render_params
+            from spatialvqa.views.inputs import render_params
             self.spec = {"representation": self.representation, "params": render_params(self.representation, **params)}
 
     def __call__(self, record: dict, prompt: str) -> ModelInput:
@@ -41,7 +41,7 @@ class make_inputs:
             paths = [resolve_path(p, self.index_path) for p in (e.get("files") or e.get("paths") or [])]
             meta = dict(e.get("meta") or {})
         else:
-            from spatialvqa.views import get_or_render
+            from spatialvqa.views.cache import get_or_render
             c = get_or_render(record, self.representation, self.cache_dir, root=self.root, **self.params)
             paths, meta = c.paths, c.meta
         if self.representation.startswith("volume:"): return ModelInput(record, prompt, [], paths[0], {**meta, "volumes": paths})
