@@ -114,6 +114,7 @@ def _plausible(record: Mapping, v: float) -> tuple[float, float] | None:
     if record.get("unit") == "mm": return PLAUSIBLE_MM
     return None
 
+# %% ../nbs/25_agents.ipynb #86e7d502
 @dataclass
 class Proposal:
     "One annotator proposal and its fate: `record` (the rephrased question) when accepted, else the `reason`."
@@ -128,6 +129,7 @@ class Proposal:
         return {"qid": self.qid, "accepted": self.accepted, "reason": self.reason, "passages": self.passages,
                 "question": (self.record or {}).get("question"), "options": (self.record or {}).get("options"), "raw": self.raw}
 
+# %% ../nbs/25_agents.ipynb #6492e716
 def check_proposal(record: Mapping, proposal, volumes: Mapping, passages: Sequence[str] = ()) -> Proposal:
     """Re-derive or reject the annotator's `proposal` (parsed JSON, or the parse error) for `record`; `volumes`: per scan
     id the measured structures by name (or label map and affine), as `questions.check.rederive` takes them."""
@@ -271,6 +273,7 @@ def specialist_prompt(record: Mapping, passages: Sequence[Mapping] = ()) -> str:
     head = f"Reference passages:\n{passages_text(passages)}\n\n" if passages else ""
     return head + build_prompt(dict(record))
 
+# %% ../nbs/25_agents.ipynb #e55e64a7
 class Specialist:
     "A retrieval-only specialist: a blind answerer (fit/predict/proba) over `llm` with `retriever` (None: no passages)."
     needs_fit = False
@@ -299,6 +302,7 @@ class Specialist:
             res.append(pa.value if pa.ok else None)
         return res
 
+# %% ../nbs/25_agents.ipynb #6d9cadb4
 def make_specialists(configs: Sequence, retriever: Retriever | None = None, k: int = 2, max_tokens: int = 16) -> list[Specialist]:
     "Three `Specialist`s from three LLM configs (or LLM objects), roles in `SPECIALIST_ROLES` order."
     configs = list(configs)
@@ -324,6 +328,7 @@ def specialist_answerer(config: Mapping, seed: int = 0) -> Specialist:
     return Specialist(make_llm(llm), cfg.get("name") or f"specialist:{role}", retriever, int(cfg.get("k", 2)), role,
                       int(cfg.get("max_tokens", 16)))
 
+# %% ../nbs/25_agents.ipynb #d77ab701
 SPECIALIST_MIN_RIGHT = 2     # discard when at least this many of the three specialists answer correctly
 
 def specialist_rule(record: Mapping, preds: Mapping[str, object]) -> tuple[bool, str]:
@@ -360,6 +365,7 @@ class AgentRun:
     report: pd.DataFrame
     summary: dict
 
+# %% ../nbs/25_agents.ipynb #51fe149a
 def run_agents(records: Sequence[Mapping], volumes: Mapping, annotator: Annotator | None = None,
                validator: ClinicalValidator | None = None, specialists: Sequence[Specialist] = ()) -> AgentRun:
     "Apply the annotator, the clinical validator and the specialists (each optional) to `records`; see above."
@@ -407,6 +413,7 @@ def run_agents(records: Sequence[Mapping], volumes: Mapping, annotator: Annotato
     return AgentRun(kept, removed, paraphrases, [p.to_dict() for p in props], vrows, {**answers, **{f"{k}~para": v for k, v in para.items()}},
                     report, summary)
 
+# %% ../nbs/25_agents.ipynb #81b4caee
 def paraphrase_pairs(records: Sequence[Mapping], paraphrases: Sequence[Mapping], on_template: Mapping, on_para: Mapping) -> dict:
     "One answerer on (template, rephrasing) pairs: pairs, accuracy on each, share answered alike (both right or both wrong)."
     by = {r["qid"]: r for r in records}
@@ -425,6 +432,7 @@ def _acc(records, preds) -> dict:
             "accuracy": round(right / len(records), 4) if records else None,
             "mc_accuracy": round(sum(is_right(r, preds[r["qid"]]) for r in mc) / len(mc), 4) if mc else None, "mc_n": len(mc)}
 
+# %% ../nbs/25_agents.ipynb #9caa2d18
 def _reason_kind(reason: str) -> str:
     "A reason without its particulars (names, numbers), for counting."
     return re.sub(r"\d[\d.,]*", "N", reason.split(":")[0] if reason.startswith("no JSON") else reason)

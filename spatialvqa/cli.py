@@ -185,6 +185,7 @@ def check_records(records: list[dict], path: str | os.PathLike) -> list[dict]:
                 raise ValueError(f"{path}:{n}: the field {f!r} must be a list of text, and holds {str(v)[:60]!r}")
     return records
 
+# %% ../nbs/49_cli.ipynb #a3bc3e31
 def _benchmark_input(path: str, work: Path) -> str:
     "The benchmark at `path` checked, with every scan path absolute (read where the benchmark says), as a file in `work`."
     from spatialvqa.core import read_records, write_jsonl
@@ -218,6 +219,7 @@ def _measured_inputs(structures: str, scans: str, work: Path) -> tuple[str, str]
         raise ValueError(f"{scans}: no scan row for {len(missing)} scans of the structures (e.g. {missing[0]!r})")
     return str(write_parquet(st, work / "structures.parquet")), str(write_parquet(sc, work / "scans.parquet"))
 
+# %% ../nbs/49_cli.ipynb #cbcf0f24
 def _score_inputs(files: list[str], work: Path) -> dict:
     "The score stage's predictions folder, models and params file for `files`, each run under its own name."
     import yaml
@@ -268,6 +270,7 @@ def read_json_list(path: Path) -> list:
     import json
     return json.loads(path.read_text()) if path.exists() else []
 
+# %% ../nbs/49_cli.ipynb #1e4ad55a
 def _mc_scored(path: str) -> None:
     "Table 2 is about multiple-choice questions: scores without any are a ValueError naming the file and what it holds."
     import pandas as pd
@@ -289,6 +292,7 @@ def _min_scans(path: str, need: int, name: str | None = None) -> None:
                          f"trained on the others), so it needs questions about at least {need} scans: measure and generate more "
                          f"scans (--folds 2 is the least)")
 
+# %% ../nbs/49_cli.ipynb #69334dfa
 def _run_stage_command(a) -> int:
     import shutil, tempfile
     from spatialvqa.core import check_no_secrets, check_output
@@ -461,6 +465,7 @@ def _check_out(a: argparse.Namespace, inputs: list[str]) -> None:
     if a.command in _FILE_OUT and not (a.command == "measure" and _is_manifest(a.labels)): check_output(p)
     elif p.exists() and not p.is_dir(): raise OutputError(f"{out}: the output must be a folder, and this is a file")
 
+# %% ../nbs/49_cli.ipynb #97befb0e
 def _user_error(e: BaseException) -> bool:
     """A fault of the input or the environment, reported as one sentence with status 2: the project's own error types
     (any exception class defined in a `spatialvqa` module: `ScanError`, `FetchError`, `LLMError`, `OutputError` ...),
@@ -476,6 +481,7 @@ def _sentence(e: BaseException) -> str:
         if isinstance(e, FileNotFoundError): return f"{text}: no such file or folder"
     return text
 
+# %% ../nbs/49_cli.ipynb #d5011eaa
 _NO_GC = {"measure"}   # short commands whose process needs no cyclic garbage collection (see `_measure`)
 
 def main(argv: list[str] | None = None) -> int:

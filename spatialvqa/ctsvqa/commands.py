@@ -77,6 +77,7 @@ def _read_judgments(path) -> list[dict]:
         if "not a judge verdict file name" not in str(e): raise
         return read_ctsvqa_judgments(path, model="?", judge=Path(path).stem)
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #09f172dd
 def _texts(rows: Sequence[dict], path, fields=("question", "answer", "prediction")) -> list[dict]:
     "`rows` when each of `fields` it has is text (or null); else a ValueError naming the file, the row and the field."
     for n, r in enumerate(rows):
@@ -91,6 +92,7 @@ def _predictions(path, fields) -> list[dict]:
     if not preds: raise ValueError(f"{path}: no predictions (the file is empty)")
     return preds
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #c7da47ee
 def _cli_jury(a) -> int:
     if not 0.0 <= a.threshold <= 1.0: raise ValueError(f"--threshold {a.threshold}: must be a number from 0 to 1")
     if not 0.0 < a.min_match <= 1.0: raise ValueError(f"--min-match {a.min_match}: must be a share above 0 and at most 1")
@@ -103,6 +105,7 @@ def _cli_jury(a) -> int:
                            res.model, a.align, res.jury_accuracy, res.count, res.misattributed, a.out)
     return 0
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #b802bf7c
 def _judge_items(a) -> list[dict]:
     "The judging items of `--predictions`: our runner's output joined to `--benchmark` by qid, or rows that carry their question, answer and prediction."
     rows = read_jsonl(a.predictions, strict=True)
@@ -132,6 +135,7 @@ def _judge_items(a) -> list[dict]:
                                            len(rejected), rejected[0]["reason"])
     return [dict(qid=r["qid"], question=r["question"], answer=r["answer"], prediction=r["prediction"]) for r in recs]
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #e160fd75
 def make_judge(spec: str, cache: str | os.PathLike | None = None, cache_mode: str = "auto"):
     "A judge from a `spatialvqa.llm` spec; live judges record every reply in `cache` (a replay spec reads its own)."
     from spatialvqa.llm import make_llm, parse_llm_spec
@@ -140,6 +144,7 @@ def make_judge(spec: str, cache: str | os.PathLike | None = None, cache_mode: st
     if cfg["backend"] != "replay" and cache: cfg.update(cache=str(cache), cache_mode=cache_mode)
     return make_llm(cfg)
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #d2417578
 def _cli_judge(a) -> int:
     items = _judge_items(a)
     if not items: raise ValueError(f"{a.predictions}: no row to judge (every row was set aside: see the warning above)")
@@ -161,6 +166,7 @@ def _cli_judge(a) -> int:
         print(tab.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     return 0 if s.complete else 1
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #0c7bcf0a
 def _cli_text(a) -> int:
     preds = _predictions(a.predictions, ("answer",))
     res = text_metrics([r.get("prediction") for r in preds], [r.get("answer") for r in preds], lower=not a.keep_case,
@@ -170,6 +176,7 @@ def _cli_text(a) -> int:
     for k, why in res.get("missing", {}).items(): get_logger("cli").warning("%s: %s", k, why)
     return 0
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #c1cafd43
 def add_scoring_commands(subparsers) -> None:
     "Add the `ctsvqa-jury`, `ctsvqa-text` and `ctsvqa-judge` subcommands to an argparse subparsers object."
     j = subparsers.add_parser("ctsvqa-jury", help="LLM-jury accuracy of one model's CT-SpatialVQA predictions")

@@ -119,6 +119,7 @@ def ctrate_path(volume: str, fixed: bool = False) -> str:
     s, p, sc = m["split"], m["patient"], m["scan"]
     return f"dataset/{s}{'_fixed' if fixed else ''}/{s}_{p}/{s}_{p}_{sc}/{name}"
 
+# %% ../../nbs/30_ctsvqa/01_ctrate.ipynb #9f75b487
 class GatedError(LookupError):
     "A gated dataset asked for without a token in the environment: a fault of the setup, said in one sentence."
 
@@ -136,6 +137,7 @@ def hf_downloader(token_env: str = "HF_TOKEN", revision: str | None = None, repo
                                     cache_dir=cache_dir, token=token))
     return download
 
+# %% ../../nbs/30_ctsvqa/01_ctrate.ipynb #3a030906
 def volumes_of(records: Iterable[dict]) -> list[str]:
     "The CT-RATE volumes that question records name (field `volume`), sorted and unique."
     return sorted({ctsvqa_volume(r["volume"]) for r in records if r.get("volume")})

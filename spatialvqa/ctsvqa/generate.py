@@ -95,6 +95,7 @@ _OBJECT_OF = re.compile(r"\b(?:adjacent to|around|near|next to|accompanying|acco
 _NEG_CUE = re.compile(r"\b(?:no|not|without|none|neither|nor|absent|absence of|free of|negative for|ruled out|excluded|rather than)\b", re.I)
 _CLAUSE_END = re.compile(r"[,;:(]|\s(?:but|whereas|while|and)\s", re.I)
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #a85d0b41
 def positive_part(sentence: str) -> str:
     "The part of `sentence` before the clause that holds its first negation cue ('' when the negated clause comes first)."
     m = _NEG_CUE.search(sentence)
@@ -102,6 +103,7 @@ def positive_part(sentence: str) -> str:
     ends = [x.start() for x in _CLAUSE_END.finditer(sentence, 0, m.start())]
     return sentence[:ends[-1]].strip(" ,;:") if ends else ""
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #cd2fd9b4
 _ANAPHOR = re.compile(r"^\s*(?:it|they|these|this|the (?:described |mentioned )?(?:findings?|changes|appearances?|lesions?|areas?))\b", re.I)
 
 _SIDE_PHRASE = re.compile(r"\b(?:(?:in|of|on)\s+)?(?:the\s+)?(?P<side>right|left|both|bilateral(?:ly)?)\b", re.I)
@@ -139,6 +141,7 @@ _LOCATION = re.compile(r"\b(?:in|on|at|within|involving|throughout|along)\s+(?P<
                        r"(?:\s+of\s+(?:the\s+)?" + _FILLER + r"{0,3}?(?:lungs?|lobes?|kidneys?|liver|thyroid(?: gland)?|breasts?)"
                        r"(?:\s+(?:upper|middle|lower)\s+lobes?)?){0,2})\b", re.I)
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #a92a29c3
 def _plural(noun: str) -> bool:
     w = noun.lower().split()[-1]
     return (w.endswith("s") and not w.endswith(("sis", "ss", "us", "xis", "thorax"))) or w in ("bullae", "calculi", "metastases", "densities", "opacities")
@@ -154,6 +157,7 @@ def _finding_phrase(sentence: str, m) -> str:
     phrase = re.sub(r"^(?:the|a|an)\s+", "", phrase.strip(), flags=re.I)
     return " ".join(phrase.lower().split())
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #a306fc9d
 def extract_facts(sentence: str, previous: dict | None = None) -> list[dict]:
     """What one sentence says about where a finding is: `finding` (with its size and descriptors), `head` (the bare finding), `plural`, `side` (right/left/both), `prominent`
     (side where it is more marked), `lobes`, `segments`, `zone`, `distribution`, `relations` ([kind, target, detail]),
@@ -339,6 +343,7 @@ _KIDNEY_STATE = re.compile(r"\bthe (?P<side>right|left) kidney is (?P<rest>[^.]+
 _FOSSA = re.compile(r"\bthe (?P<side>right|left) renal fossa is empty", re.I)
 _SITUS_INV = re.compile(r"\bthe (?P<left>[^;]+?) lies? on the left, the (?P<right>[^.;]+?) on the right", re.I)
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #441dae12
 def _lesion_organ(kind: str, loc: str) -> str:
     l = loc.lower()
     if "hepatic" in l or "liver" in l: return "liver"
@@ -350,6 +355,7 @@ def _lesion_organ(kind: str, loc: str) -> str:
 def _names(text: str) -> list[str]:
     return [x.strip() for x in re.split(r",\s*|\s+and\s+", text) if x.strip()]
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #3aab6305
 def twin_qa_for_report(report: dict, sections: Sequence[str] = ("findings", "impressions")) -> list[dict]:
     """Report-grounded spatial QA records of one phantom report (`volume` and its sections), from the report's own
     sentences: where each lesion lies (location, side, organ, upper/lower part), which kidney is longer, small,
@@ -463,6 +469,7 @@ Reply with a JSON list and nothing else: [{{"question": "...", "answer": "..."}}
 Findings: {findings}
 Impressions: {impressions}"""
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #55e8f5f1
 AUDIT_SYSTEM = "You audit question-answer pairs written from radiology reports. You reply with JSON only."
 AUDIT_PROMPT = """Below is a CT report and numbered question-answer pairs written from it. Label every pair:
 - "is_spatial": true if answering it needs to know where something is in the body (side, lobe or segment, level,
@@ -480,6 +487,7 @@ Impressions: {impressions}
 Pairs:
 {pairs}"""
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #fab75e87
 def qa_generation_prompt(report: dict, lo: int = 7, hi: int = 10) -> str:
     "The generation prompt for one report record (`findings`, `impressions`)."
     return QA_PROMPT.format(lo=lo, hi=hi, findings=report.get("findings") or "(none)", impressions=report.get("impressions") or "(none)")
@@ -490,6 +498,7 @@ def pairs_judge_prompt(report: dict, pairs: Sequence[dict]) -> str:
     return AUDIT_PROMPT.format(volume=report.get("volume", ""), findings=report.get("findings") or "(none)",
                                impressions=report.get("impressions") or "(none)", pairs=block)
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #22c4c964
 def parse_qa_pairs(text: str) -> tuple[list[dict], list[str]]:
     "(pairs, problems) from a generation completion: the JSON list (repaired if need be) of `{question, answer}` objects."
     from spatialvqa.llm import JSONRepairError, parse_json

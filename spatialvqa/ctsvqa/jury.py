@@ -412,6 +412,7 @@ def published_verdicts(items: Sequence[Mapping], verdicts: Sequence[Mapping]) ->
         out[str(i["qid"])] = None if k in mixed else v
     return out
 
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #6b4b4d28
 def judge_agreement(judged: Sequence[Mapping], published: Mapping[str, Mapping[str, bool | None]]) -> pd.DataFrame:
     """Per (our judge or the jury, published judge): questions both judged, the share of equal verdicts, Cohen's kappa
     (`stats.cohen_kappa`) and both accuracies on those questions."""
@@ -432,6 +433,7 @@ def judge_agreement(judged: Sequence[Mapping], published: Mapping[str, Mapping[s
                              accuracy_published=float(np.mean(b)) if both else math.nan))
     return pd.DataFrame(rows, columns=["judge", "published_judge", "n", "agreement", "kappa", "accuracy", "accuracy_published"])
 
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #71492b22
 def replay_judge_cache(verdicts: Sequence[Mapping], path: str | os.PathLike, judge: str) -> Path:
     """A record/replay cache (`spatialvqa.llm.CachedLLM`'s format) in which the model `published:<judge>` answers our
     judging prompt of every (question, answer, prediction) of `verdicts` with the published verdict and reasoning:
