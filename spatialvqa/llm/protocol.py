@@ -22,7 +22,7 @@ log = get_logger(__name__)
 __all__ = ['log', 'ROLES', 'RETRY_STATUS', 'LLMError', 'TransientError', 'CacheMiss', 'LLM', 'to_messages', 'retryable_status',
            'retry_after_seconds', 'Backoff', 'call_with_retries']
 
-# %% ../../nbs/02_llm/00_protocol.ipynb #c46bc8c5
+# %% ../../nbs/02_llm/00_protocol.ipynb #945793f7
 class LLMError(RuntimeError):
     "An LLM call that failed for good; the message names backend, model and (for HTTP) the status, never a key."
 
@@ -35,7 +35,7 @@ class TransientError(LLMError):
 class CacheMiss(LLMError):
     "A replay-only LLM was asked for a completion that was never recorded."
 
-# %% ../../nbs/02_llm/00_protocol.ipynb #111481a3
+# %% ../../nbs/02_llm/00_protocol.ipynb #fc9d537a
 @runtime_checkable
 class LLM(Protocol):
     "Anything that turns a batch of prompts into one completion each."
@@ -61,7 +61,7 @@ def to_messages(prompt: str | Sequence[Mapping], system: str | None = None) -> l
         msgs.insert(0, {"role": "system", "content": system})
     return msgs
 
-# %% ../../nbs/02_llm/00_protocol.ipynb #ec4bad2b
+# %% ../../nbs/02_llm/00_protocol.ipynb #7d9d7781
 RETRY_STATUS = frozenset({408, 425, 429})   # plus every 5xx
 
 def retryable_status(code: int) -> bool:
@@ -76,7 +76,7 @@ def retry_after_seconds(value: str | None) -> float | None:
     try: return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError): return None
 
-# %% ../../nbs/02_llm/00_protocol.ipynb #3a6425de
+# %% ../../nbs/02_llm/00_protocol.ipynb #7333ac40
 @dataclasses.dataclass(frozen=True)
 class Backoff:
     "How often and how long to retry: exponential steps from `base` s up to `cap` s, with jitter."
@@ -91,7 +91,7 @@ class Backoff:
         step = min(self.cap, self.base * 2 ** (attempt - 1))
         return step / 2 + (rng or random).uniform(0, step / 2)   # "equal jitter": at least half the step
 
-# %% ../../nbs/02_llm/00_protocol.ipynb #12742c4e
+# %% ../../nbs/02_llm/00_protocol.ipynb #bb39cb17
 def call_with_retries(fn: Callable[[], Any], backoff: Backoff, what: str, sleep: Callable[[float], None] = time.sleep):
     "Call `fn` until it returns, retrying `TransientError`s as `backoff` says; `what` names the call in logs and errors."
     for attempt in range(1, backoff.max_attempts + 1):
@@ -103,7 +103,7 @@ def call_with_retries(fn: Callable[[], Any], backoff: Backoff, what: str, sleep:
             log.warning("%s; retry %d of %d in %.1f s", e, attempt, backoff.max_attempts - 1, wait)
             sleep(wait)
 
-# %% ../../nbs/02_llm/00_protocol.ipynb #f16f5af1
+# %% ../../nbs/02_llm/00_protocol.ipynb #d74095f5
 def _scrub(text: str, secret: str | None) -> str:
     """`text` with every occurrence of `secret` (and of its longer prefixes) and every secret of the environment
     (`core.mask_secrets`) masked: every text that came from a server goes through here before it is raised or returned."""
