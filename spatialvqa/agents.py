@@ -18,7 +18,8 @@ import pandas as pd
 
 from .anatomy import REFERENCE, readable, reference_range
 from .core import get_logger
-from .llm import JSONRepairError, make_llm, parse_json
+from .llm.json_repair import JSONRepairError, parse_json
+from .llm.registry import make_llm
 from .parse import parse_answer
 from .prompt import build_prompt
 from .questions.core import LETTERS, MIN_RATIO, TASKS, fmt_number
@@ -315,7 +316,7 @@ def specialist_answerer(config: Mapping, seed: int = 0) -> Specialist:
     `spatialvqa.llm` spec string or config), optional `cache` and `cache_mode` (added to the LLM config), `index` (a
     folder saved by `Retriever.save`, e.g. the retrieval stage's `data/retrieval/index`; none: no passages), `k`,
     `role`, `name`, `max_tokens`. `seed` is accepted for the answerer protocol and unused (greedy decoding)."""
-    from spatialvqa.llm import parse_llm_spec
+    from spatialvqa.llm.registry import parse_llm_spec
     cfg = dict(config)
     unknown = set(cfg) - {"answerer", "llm", "cache", "cache_mode", "index", "k", "role", "name", "max_tokens"}
     if unknown: raise ValueError(f"specialist config: unknown key(s) {sorted(unknown)}")

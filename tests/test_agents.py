@@ -13,7 +13,8 @@ import pytest
 
 from spatialvqa import agents as A
 from spatialvqa.core import read_jsonl, shared_data
-from spatialvqa.llm import FakeOpenAIServer, make_llm
+from spatialvqa.llm.openai import FakeOpenAIServer
+from spatialvqa.llm.registry import make_llm
 from spatialvqa.measure import Structure
 from spatialvqa.questions.check import rederive
 from spatialvqa.retrieval import Retriever, report_passages, retrieve
@@ -165,7 +166,7 @@ def test_agents_on_fake_server_then_replay(tmp_path, monkeypatch):
 
 
 def test_replay_miss_is_an_error(tmp_path):
-    from spatialvqa.llm import CacheMiss
+    from spatialvqa.llm.protocol import CacheMiss
     cache = tmp_path / "c.jsonl"
     with FakeOpenAIServer(fake_agents) as srv:
         llm = make_llm({"backend": "openai", "model": "fake-agent", "base_url": srv.base_url, "api_key_env": None, "cache": str(cache)})

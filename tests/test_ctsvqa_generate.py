@@ -195,20 +195,21 @@ def check(judged, rejected):
 
 
 def test_llm_pipeline_against_a_local_server_then_replay(tmp_path):
-    from spatialvqa import llm as L
+    from spatialvqa.llm.openai import FakeOpenAIServer
+    from spatialvqa.llm.registry import make_llm
     cache = tmp_path / "llm_cache" / "qa.jsonl"
-    with L.FakeOpenAIServer(reply=fake_reply) as srv:
-        live = L.make_llm({"backend": "openai", "model": "fake-qa", "base_url": srv.base_url, "cache": str(cache)})
+    with FakeOpenAIServer(reply=fake_reply) as srv:
+        live = make_llm({"backend": "openai", "model": "fake-qa", "base_url": srv.base_url, "cache": str(cache)})
         out = run_pipeline(live)
         assert len(srv.requests) == 2 and srv.requests[0]["body"]["response_format"] == {"type": "json_object"}
         assert srv.requests[0]["body"]["temperature"] == 0.2 and srv.requests[1]["body"]["temperature"] == 0.0
     check(*out)
-    assert run_pipeline(L.make_llm(f"replay:{cache}")) == out                    # the server is gone: the cache answers
+    assert run_pipeline(make_llm(f"replay:{cache}")) == out                    # the server is gone: the cache answers
 
 
 def test_llm_pipeline_from_recorded_responses():
-    from spatialvqa import llm as L
-    check(*run_pipeline(L.make_llm({"backend": "replay", "cache": str(CACHE)})))
+    from spatialvqa.llm.registry import make_llm
+    check(*run_pipeline(make_llm({"backend": "replay", "cache": str(CACHE)})))
 
 
 def test_judge_join_is_by_index_not_position():
@@ -240,10 +241,11 @@ def test_cli_report_qa(tmp_path):
 
 def _record():
     "Re-record the cache of recorded responses with the fake server."
-    from spatialvqa import llm as L
+    from spatialvqa.llm.openai import FakeOpenAIServer
+    from spatialvqa.llm.registry import make_llm
     CACHE.unlink(missing_ok=True)
-    with L.FakeOpenAIServer(reply=fake_reply) as srv:
-        run_pipeline(L.make_llm({"backend": "openai", "model": "fake-qa", "base_url": srv.base_url, "cache": str(CACHE), "cache_mode": "record"}))
+    with FakeOpenAIServer(reply=fake_reply) as srv:
+        run_pipeline(make_llm({"backend": "openai", "model": "fake-qa", "base_url": srv.base_url, "cache": str(CACHE), "cache_mode": "record"}))
     print(f"recorded {len(read_jsonl(CACHE))} responses in {CACHE}")
 
 

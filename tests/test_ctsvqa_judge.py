@@ -16,7 +16,8 @@ import pytest
 
 from spatialvqa.core import read_json, read_jsonl, write_jsonl
 from spatialvqa.ctsvqa.jury import judge_agreement, published_verdicts, release_items, replay_judge_cache, judge_predictions
-from spatialvqa.llm import FakeOpenAIServer, make_llm
+from spatialvqa.llm.openai import FakeOpenAIServer
+from spatialvqa.llm.registry import make_llm
 from spatialvqa.ctsvqa.release import ctsvqa_release, find_ctsvqa_release, read_ctsvqa_judgments
 from spatialvqa.ctsvqa.generate import split_report_sections, twin_qa_for_report
 

@@ -191,7 +191,8 @@ def test_blind_baselines_give_one_answer_per_question():
 
 
 def test_text_only_llm_baseline_through_spatialvqa_llm():
-    from spatialvqa.llm import FakeOpenAIServer, make_llm
+    from spatialvqa.llm.openai import FakeOpenAIServer
+    from spatialvqa.llm.registry import make_llm
     qs = toy_questions(4)
     with FakeOpenAIServer(lambda body: "No.") as srv:
         llm = make_llm({"backend": "openai", "model": "fake", "base_url": srv.base_url, "api_key_env": None})

@@ -212,7 +212,8 @@ def test_echoing_server_key_never_reaches_predictions(tmp_path, capsys, monkeypa
 
 
 def test_llm_error_paths_mask_the_key(monkeypatch):
-    from spatialvqa.llm import LLMError, OpenAICompatible
+    from spatialvqa.llm.openai import OpenAICompatible
+    from spatialvqa.llm.protocol import LLMError
     monkeypatch.setenv("HARDENING_API_KEY", KEY)
     for mode in ("not-json", "unexpected", "http-error"):
         with EchoServer(mode) as srv:
@@ -238,8 +239,8 @@ def test_api_key_in_params_yaml_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("section,read", [
     ("validate.llm", lambda cfg: __import__("spatialvqa.validate.answerers", fromlist=["x"]).LLMAnswerer(cfg)),
-    ("ctsvqa_score.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
-    ("ctsvqa_generate.llm", lambda cfg: __import__("spatialvqa.llm", fromlist=["x"]).make_llm(cfg)),
+    ("ctsvqa_score.llm", lambda cfg: __import__("spatialvqa.llm.registry", fromlist=["x"]).make_llm(cfg)),
+    ("ctsvqa_generate.llm", lambda cfg: __import__("spatialvqa.llm.registry", fromlist=["x"]).make_llm(cfg)),
     ("infer.models.x", lambda cfg: model_entry("x", {"adapter": "openai", "config": cfg})),
 ])
 def test_api_key_in_every_llm_config_section_is_refused(section, read):
@@ -901,7 +902,7 @@ def test_i23_interop_check_fails_loudly_and_is_pinned():
 
 def test_i23_ctsvqa_judge_runs_outside_the_repository(tmp_path):
     "Rows that carry question, answer and prediction are judged as they are, from a folder outside the repository."
-    from spatialvqa.llm import FakeOpenAIServer
+    from spatialvqa.llm.openai import FakeOpenAIServer
     rows = [{"question": "Which kidney is larger?", "answer": "The left kidney.", "prediction": "Left."},
             {"question": "Is the liver enlarged?", "answer": "No.", "prediction": "Yes, markedly."}]
     preds = write_jsonl(rows, tmp_path / "my_model.jsonl")

@@ -17,7 +17,7 @@ from spatialvqa.models.registry import make_adapter
 from spatialvqa.models.run import run_config, run_inference
 from spatialvqa.prompt import build_prompt
 from spatialvqa.core import read_jsonl, write_jsonl
-from spatialvqa.llm import FakeOpenAIServer
+from spatialvqa.llm.openai import FakeOpenAIServer
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from spatialvqa.models.registry import make_adapter
 from spatialvqa.models.run import PREDICTION_FIELDS, _Lock, lock_path, partial_path, run_inference
 from spatialvqa.questions.tables import with_rotations
 from spatialvqa.core import read_jsonl, write_jsonl
-from spatialvqa.llm import FakeOpenAIServer
+from spatialvqa.llm.openai import FakeOpenAIServer
 
 N = 40
 # the console script's `infer` subcommand, independent of which plugins spatialvqa.cli registers

@@ -316,10 +316,10 @@ def test_blind_replies_are_read_by_the_one_parser(bench):
 
 def test_llm_specialist_through_make_llm(bench):
     "An LLM configured the way params.yaml does it (a spatialvqa.llm config) answers blind, through an OpenAI-compatible server."
-    from spatialvqa import llm
+    from spatialvqa.llm.openai import FakeOpenAIServer
     recs = [r for r in bench["recs"] if r["format"] == "mc"][:6] + [r for r in bench["recs"] if r["format"] == "numeric"][:2]
-    with llm.FakeOpenAIServer(reply=lambda body: "I believe the answer is (B)." if "letter" in body["messages"][-1]["content"]
-                              else "Roughly 2.5 L") as srv:
+    with FakeOpenAIServer(reply=lambda body: "I believe the answer is (B)." if "letter" in body["messages"][-1]["content"]
+                          else "Roughly 2.5 L") as srv:
         ans = VA.make_answerers("", llm={"backend": "openai", "model": "blind-test", "base_url": srv.base_url,
                                         "api_key_env": None, "max_attempts": 1})
         preds = VA.cross_fit_answerers(recs, ans, 2, seed=0)

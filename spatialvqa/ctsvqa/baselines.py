@@ -113,7 +113,7 @@ BLIND_FREE_TEXT_SYSTEM = ("You answer questions about a patient's chest CT scan,
                 "No explanation.")
 
 def blind_llm_answers(questions: Sequence[str], llm, batch_size: int = 64, max_tokens: int = 48) -> list[str]:
-    "One answer per question from `llm` (the `spatialvqa.llm.LLM` protocol) given the question alone and `BLIND_FREE_TEXT_SYSTEM`."
+    "One answer per question from `llm` (the `spatialvqa.llm.protocol.LLM` protocol) given the question alone and `BLIND_FREE_TEXT_SYSTEM`."
     out: list[str] = []
     qs = [str(q) for q in questions]
     for s in progress(range(0, len(qs), batch_size), total=-(-len(qs) // batch_size), desc=f"blind {llm.name}"):

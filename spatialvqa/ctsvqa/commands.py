@@ -138,7 +138,7 @@ def _judge_items(a) -> list[dict]:
 # %% ../../nbs/30_ctsvqa/08_commands.ipynb #e160fd75
 def make_judge(spec: str, cache: str | os.PathLike | None = None, cache_mode: str = "auto"):
     "A judge from a `spatialvqa.llm` spec; live judges record every reply in `cache` (a replay spec reads its own)."
-    from spatialvqa.llm import make_llm, parse_llm_spec
+    from spatialvqa.llm.registry import make_llm, parse_llm_spec
     cfg = parse_llm_spec(spec)
     if cfg is None: raise ValueError(f"judge spec {spec!r}: names no LLM")
     if cfg["backend"] != "replay" and cache: cfg.update(cache=str(cache), cache_mode=cache_mode)

@@ -216,7 +216,7 @@ _TRUE, _FALSE = frozenset({"true", "correct", "yes", "1"}), frozenset({"false", 
 def parse_verdict(text: str | None) -> dict:
     """`{verdict, reason, error}` of a judge's reply: the JSON object repaired if need be (`llm.parse_json`); a reply
     with no readable true/false verdict has `verdict` None and says why in `error` (it is never counted as a vote)."""
-    from spatialvqa.llm import JSONRepairError, parse_json
+    from spatialvqa.llm.json_repair import JSONRepairError, parse_json
     text = text or ""
     if not text.lstrip().startswith(("{", "[", "`")):     # the reply continues the prompt's `{"correct":` (a base model does)
         cont = parse_verdict('{"correct":' + text)
@@ -435,10 +435,11 @@ def judge_agreement(judged: Sequence[Mapping], published: Mapping[str, Mapping[s
 
 # %% ../../nbs/30_ctsvqa/04_jury.ipynb #71492b22
 def replay_judge_cache(verdicts: Sequence[Mapping], path: str | os.PathLike, judge: str) -> Path:
-    """A record/replay cache (`spatialvqa.llm.CachedLLM`'s format) in which the model `published:<judge>` answers our
+    """A record/replay cache (`spatialvqa.llm.cache.CachedLLM`'s format) in which the model `published:<judge>` answers our
     judging prompt of every (question, answer, prediction) of `verdicts` with the published verdict and reasoning:
     `replay:<path>` then stands in for that judge (first verdict of a repeated key; rows without a verdict left out)."""
-    from spatialvqa.llm import cache_key, to_messages
+    from spatialvqa.llm.cache import cache_key
+    from spatialvqa.llm.protocol import to_messages
     recs, seen = [], set()
     for v in verdicts:
         vote = _vote(v)

@@ -35,7 +35,7 @@ _REMOTE_RUNTIME = ("base_url", "api_key_env", "timeout", "max_attempts", "backof
 
 # %% ../../nbs/41_models/02_remote.ipynb #98674cf3
 def _openai_backend():
-    from spatialvqa.llm import OpenAICompatible
+    from spatialvqa.llm.openai import OpenAICompatible
 
     class VisionOpenAI(OpenAICompatible):
         "`OpenAICompatible` whose prompts may be (text, image paths): images go as `image_url` data-URL parts."
@@ -74,7 +74,7 @@ class OpenAIAdapter(BaseAdapter):
 
 # %% ../../nbs/41_models/02_remote.ipynb #60d67745
 def _gemini_backend():
-    from spatialvqa.llm import Gemini
+    from spatialvqa.llm.gemini import Gemini
 
     class VisionGemini(Gemini):
         "`Gemini` whose prompts may be (text, image paths): images go as `Part.from_bytes` before the text."

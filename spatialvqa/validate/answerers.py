@@ -648,13 +648,13 @@ def blind_answer(r: dict, reply: str | None):
     return p.value if p.ok else None
 
 class LLMAnswerer:
-    "An LLM answering without the image. `config`: a `spatialvqa.llm.make_llm` config, or an object with `generate`."
+    "An LLM answering without the image. `config`: a `spatialvqa.llm.registry.make_llm` config, or an object with `generate`."
     needs_fit = False
 
     def __init__(self, config, name: str | None = None, max_tokens: int = 32):
         if hasattr(config, "generate"): self.llm = config
         else:
-            from spatialvqa.llm import make_llm
+            from spatialvqa.llm.registry import make_llm
             self.llm = make_llm(config)
             if self.llm is None: raise ValueError(f"no LLM configured by {config!r}")
         cfg_name = config.get("name") if isinstance(config, Mapping) else None
