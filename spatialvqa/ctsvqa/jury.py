@@ -214,7 +214,7 @@ def judge_prompt(item: Mapping) -> str:
 _TRUE, _FALSE = frozenset({"true", "correct", "yes", "1"}), frozenset({"false", "incorrect", "no", "0", "wrong"})
 
 def parse_verdict(text: str | None) -> dict:
-    """`{verdict, reason, error}` of a judge's reply: the JSON object repaired if need be (`llm.parse_json`); a reply
+    """`{verdict, reason, error}` of a judge's reply: the JSON object repaired if need be (`llm.json_repair.parse_json`); a reply
     with no readable true/false verdict has `verdict` None and says why in `error` (it is never counted as a vote)."""
     from spatialvqa.llm.json_repair import JSONRepairError, parse_json
     text = text or ""
