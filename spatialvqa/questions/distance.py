@@ -95,8 +95,10 @@ def _g_dist_value(c, rng, focus, others=()):
     return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm",
                  variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, (0.0, 600.0), _clear(c, "DIST.value", spec, _ev_dist_value)))
 
-# %% ../../nbs/20_questions/05_distance.ipynb #979b16f5
-def _g_dist_best(c, rng, focus, farthest: bool):
+# %% ../../nbs/20_questions/05_distance.ipynb #cbf45557
+def _reference_frame(c, rng, focus):
+    """`(c, ref, focus, axes, tol, d)`: the context narrowed to structures cut no more than `ref`, the free axes, the
+    tolerance and the distance from `ref`; None where a reference cannot be drawn or measured."""
     if (got := _reference(c, rng, focus)) is None: return None
     ref, focus = got
     cut = c.cut_of([ref])
@@ -104,8 +106,12 @@ def _g_dist_best(c, rng, focus, farthest: bool):
     if len(axes) < 2: return None
     c = c.restrict(lambda n: c.cut.get(n, frozenset()) <= cut)
     if focus and focus not in c.pool: return None
-    tol = _dist_tol(c.geom)
-    d = lambda n: box_distance(c.s(ref), c.s(n), axes)
+    return c, ref, focus, axes, _dist_tol(c.geom), (lambda n: box_distance(c.s(ref), c.s(n), axes))
+
+# %% ../../nbs/20_questions/05_distance.ipynb #979b16f5
+def _g_dist_best(c, rng, focus, farthest: bool):
+    if (got := _reference_frame(c, rng, focus)) is None: return None
+    c, ref, focus, axes, tol, d = got
     other = (lambda n, b: _num_distinct(d(b), d(n), tol)) if farthest else (lambda n, b: _num_distinct(d(n), d(b), tol))
     names = _pick_set(c, rng, focus, lambda n: True, other, exclude=c.related(ref))
     if not names: return None
@@ -115,15 +121,8 @@ def _g_dist_best(c, rng, focus, farthest: bool):
 
 # %% ../../nbs/20_questions/05_distance.ipynb #dbe6d1c1
 def _g_dist_within(c, rng, focus, others=()):
-    if (got := _reference(c, rng, focus)) is None: return None
-    ref, focus = got
-    cut = c.cut_of([ref])
-    axes = _free_axes(cut)
-    if len(axes) < 2: return None
-    c = c.restrict(lambda n: c.cut.get(n, frozenset()) <= cut)
-    if focus and focus not in c.pool: return None
-    tol = _dist_tol(c.geom)
-    d = lambda n: box_distance(c.s(ref), c.s(n), axes)
+    if (got := _reference_frame(c, rng, focus)) is None: return None
+    c, ref, focus, axes, tol, d = got
     # the nearest structure must be clearly inside a round threshold and the others clearly outside it
     lo_of = lambda n: max(d(n) + tol(d(n)), d(n) * THR_RATIO)
     hi_of = lambda n: min(d(n) - tol(d(n)), d(n) / THR_RATIO)
