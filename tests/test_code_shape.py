@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # llm, views and results split into subpackages, long functions into helpers, long cells into one idea each: the
 # first three are 0, issue 24's limits), and lines over 120 characters in the package, tests, scripts and benchmarks
 # (ruff's line length, held to a ceiling rather than formatted: see scripts/code_shape.py)
-CEILINGS = {"modules": 0, "functions": 0, "cells": 0, "crowded": 115, "long_lines": 2325}
+CEILINGS = {"modules": 0, "functions": 0, "cells": 0, "crowded": 115, "long_lines": 2320}
 
 
 def _shape():

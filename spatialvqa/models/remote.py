@@ -33,6 +33,20 @@ def _check_2d(name: str, inp: ModelInput) -> None:
 _DECODING = ("max_tokens", "temperature", "system")
 _REMOTE_RUNTIME = ("base_url", "api_key_env", "timeout", "max_attempts", "backoff", "max_backoff", "workers")
 
+# %% ../../nbs/41_models/02_remote.ipynb #84296f9e
+_RETRY = ("timeout", "max_attempts", "backoff", "max_backoff", "workers")
+
+class _ChatAdapter(BaseAdapter):
+    "What the served adapters share: 2D images only, one chat call per question on `workers` threads."
+    default_representation = None          # a run names what it is shown (`none` for a text-only model)
+
+    def _retry(self) -> dict: return {k: self.config[k] for k in _RETRY}
+
+    def predict(self, batch: list[ModelInput]) -> list[str]:
+        for x in batch: _check_2d(self.name, x)
+        kw = {k: self.config[k] for k in _DECODING}
+        return thread_map(lambda x: self.client.complete((x.prompt, list(x.images)), **kw), batch, self.config["workers"])
+
 # %% ../../nbs/41_models/02_remote.ipynb #98674cf3
 def _openai_backend():
     from spatialvqa.llm.openai import OpenAICompatible
@@ -51,10 +65,9 @@ def _openai_backend():
     return VisionOpenAI
 
 @register("openai")
-class OpenAIAdapter(BaseAdapter):
+class OpenAIAdapter(_ChatAdapter):
     "A VLM behind an OpenAI-compatible chat-completions server (vLLM, SGLang, Ollama); keys from `api_key_env`."
     runtime = _REMOTE_RUNTIME
-    default_representation = None          # a run names what it is shown (`none` for a text-only model)
 
     def __init__(self, model: str, base_url: str = "http://127.0.0.1:8000/v1", max_tokens: int = 64, temperature: float = 0.0,
                  system: str | None = None, api_key_env: str | None = "OPENAI_API_KEY", timeout: float = 120.0,
@@ -63,14 +76,8 @@ class OpenAIAdapter(BaseAdapter):
         super().__init__(model=model, base_url=base_url, max_tokens=int(max_tokens), temperature=float(temperature), system=system,
                          api_key_env=api_key_env, timeout=float(timeout), max_attempts=int(max_attempts), backoff=float(backoff),
                          max_backoff=float(max_backoff), workers=int(workers), extra_body=dict(extra_body or {}), **kw)
-        c = self.config
-        self.client = _openai_backend()(model, base_url, api_key_env=api_key_env, timeout=c["timeout"], max_attempts=c["max_attempts"],
-                                        backoff=c["backoff"], max_backoff=c["max_backoff"], workers=c["workers"], extra_body=c["extra_body"])
-
-    def predict(self, batch: list[ModelInput]) -> list[str]:
-        for x in batch: _check_2d(self.name, x)
-        kw = {k: self.config[k] for k in _DECODING}
-        return thread_map(lambda x: self.client.complete((x.prompt, list(x.images)), **kw), batch, self.config["workers"])
+        self.client = _openai_backend()(model, base_url, api_key_env=api_key_env, extra_body=self.config["extra_body"],
+                                        **self._retry())
 
 # %% ../../nbs/41_models/02_remote.ipynb #60d67745
 def _gemini_backend():
@@ -91,10 +98,9 @@ def _gemini_backend():
     return VisionGemini
 
 @register("gemini")
-class GeminiAdapter(BaseAdapter):
+class GeminiAdapter(_ChatAdapter):
     "A Gemini model through google-genai; the key from GEMINI_API_KEY / GOOGLE_API_KEY (or `api_key_env`)."
     runtime = _REMOTE_RUNTIME + ("client",)
-    default_representation = None
 
     def __init__(self, model: str = "gemini-2.5-flash", max_tokens: int = 64, temperature: float = 0.0, system: str | None = None,
                  thinking_budget: int | None = None, api_key_env: str | None = None, timeout: float = 120.0, max_attempts: int = 5,
@@ -102,12 +108,5 @@ class GeminiAdapter(BaseAdapter):
         super().__init__(model=model, max_tokens=int(max_tokens), temperature=float(temperature), system=system,
                          thinking_budget=thinking_budget, api_key_env=api_key_env, timeout=float(timeout),
                          max_attempts=int(max_attempts), backoff=float(backoff), max_backoff=float(max_backoff), workers=int(workers), **kw)
-        c = self.config
-        self.client = _gemini_backend()(model, api_key_env=api_key_env, timeout=c["timeout"], max_attempts=c["max_attempts"],
-                                        backoff=c["backoff"], max_backoff=c["max_backoff"], workers=c["workers"],
-                                        thinking_budget=thinking_budget, client=client)
-
-    def predict(self, batch: list[ModelInput]) -> list[str]:
-        for x in batch: _check_2d(self.name, x)
-        kw = {k: self.config[k] for k in _DECODING}
-        return thread_map(lambda x: self.client.complete((x.prompt, list(x.images)), **kw), batch, self.config["workers"])
+        self.client = _gemini_backend()(model, api_key_env=api_key_env, thinking_budget=thinking_budget, client=client,
+                                        **self._retry())
