@@ -123,6 +123,7 @@ def _group_stats(value, length, i, j, k0, k1, world_lo=None, world_hi=None) -> d
         out.update(wlo=wlo[:, keep], whi=whi[:, keep])
     return out
 
+# %% ../nbs/15_measure.ipynb #46c58959
 def _merge_stats(parts: list[dict]) -> dict:
     "Combine per-slab statistics into one entry per label, sorted by label."
     parts = [p for p in parts if p is not None and len(p["ids"])]
@@ -420,6 +421,7 @@ def _point(x, by: str = "centroid") -> np.ndarray:
     if p.shape != (3,): raise ValueError(f"need a Structure or an RAS point (3 values), got shape {p.shape}")
     return p
 
+# %% ../nbs/15_measure.ipynb #b9687034
 def bbox_center_distance(a: Structure, b: Structure) -> float:
     "Distance in mm between the centres of the world bounding boxes of `a` and `b` (SpatialMed's distance)."
     return float(np.linalg.norm(a.bbox_center - b.bbox_center))
@@ -428,6 +430,7 @@ def centroid_distance(a: Structure, b: Structure) -> float:
     "Distance in mm between the centroids of `a` and `b`."
     return float(np.linalg.norm(_point(a) - _point(b)))
 
+# %% ../nbs/15_measure.ipynb #393dd39f
 def offset(a, b, by: str = "centroid") -> np.ndarray:
     "RAS+ vector in mm from `b` to `a` (`by` 'centroid' or 'bbox_center'; points are taken as they are)."
     return _point(a, by) - _point(b, by)
@@ -522,6 +525,7 @@ def _measure_record(rec: dict, components: bool = True, connectivity: int = 26) 
     info["structures"] = len(ss)
     return info, [s.to_dict() for s in ss]
 
+# %% ../nbs/15_measure.ipynb #463e632f
 def _resolve(rec: dict, manifest: Path) -> dict:
     "Relative paths are read under the manifest's folder, else under the project that holds it (`core.resolve_path`)."
     rec = dict(rec)
@@ -533,6 +537,7 @@ class _Measure:  # picklable for worker processes
     def __init__(self, components, connectivity): self.components, self.connectivity = components, connectivity
     def __call__(self, rec): return _measure_record(rec, self.components, self.connectivity)
 
+# %% ../nbs/15_measure.ipynb #be41de53
 def structure_rows(info: Mapping, structs: Sequence[Mapping]) -> list[dict]:
     "The structures table's rows of one measured scan (`info`: its `scan_info`; `structs`: its structure records)."
     rows = []
@@ -544,6 +549,7 @@ def structure_rows(info: Mapping, structs: Sequence[Mapping]) -> list[dict]:
                      **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})
     return rows
 
+# %% ../nbs/15_measure.ipynb #b0bd1d96
 def measure_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike], components: bool = True,
                       connectivity: int = 26, workers: int | None = None, scheduler: str | None = None
                       ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
