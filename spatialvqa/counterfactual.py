@@ -538,6 +538,7 @@ def source_of(rec: Mapping) -> str:
     if s: return str(s)
     return "phantom" if is_phantom(rec) else "unknown"
 
+# %% ../nbs/23_counterfactual.ipynb #25cf093d
 def read_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]) -> list[dict]:
     "The records of the JSON manifests, with relative paths that do not exist from here resolved against the manifest."
     if isinstance(manifests, (str, os.PathLike)): manifests = [manifests]
@@ -552,6 +553,7 @@ def read_manifests(manifests: str | os.PathLike | Sequence[str | os.PathLike]) -
             out.append(r)
     return out
 
+# %% ../nbs/23_counterfactual.ipynb #3d8a5bdd
 def select_scans(records: Sequence[Mapping], phantoms: int = 4, seed: int = 0) -> list[dict]:
     "Every non-phantom record, and `phantoms` phantom records drawn with `seed` (all when fewer), in input order."
     ph = sorted(str(r["scan_id"]) for r in records if is_phantom(r))
@@ -591,6 +593,7 @@ def _one_copy(rec: dict, kind: str, job: _Job) -> dict:
         entry[k] = v
     return entry
 
+# %% ../nbs/23_counterfactual.ipynb #31548477
 def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.PathLike, kinds: Sequence[str] = KINDS,
                          factors: Sequence[float] = (1.25, 0.8), phantoms: int = 4, seed: int = 0,
                          about: str | float = "centre", max_loss: float = 0.2, min_voxels: int = MIN_VOXELS,
@@ -629,6 +632,7 @@ def pair_key(r: Mapping) -> str:
     "The pair group of a record: its original's qid for a twin, its own qid for an original."
     return str(r.get("pair_of") or r["qid"])
 
+# %% ../nbs/23_counterfactual.ipynb #4e8767c7
 def is_copy_row(row) -> bool:
     "Whether a row of the measure stage's scans table (or a manifest record) is a counterfactual copy."
     return _col(row, "original") is not None and _col(row, "counterfactual") is not None
