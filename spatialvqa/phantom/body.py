@@ -33,6 +33,7 @@ def _check_rates(rates: Mapping[str, float] | None) -> dict[str, float]:
         out[k] = float(v)
     return out
 
+# %% ../../nbs/14_phantom/01_body.ipynb #8fa4b985
 def _resolve_variants(on: Mapping[str, bool], sides: Mapping[str, str]) -> dict:
     "Turn drawn variant flags into a consistent set: `{variant: True or a side}` (see the conflicts above)."
     v = {k: bool(on.get(k)) for k in VARIANTS}
@@ -53,6 +54,7 @@ def variant_names(variants: Mapping[str, bool | str]) -> list[str]:
     "Flat names of a subject's variants, e.g. ['nephrectomy_left', 'situs_inversus']."
     return sorted(k if v is True else f"{k}_{v}" for k, v in variants.items())
 
+# %% ../../nbs/14_phantom/01_body.ipynb #cd14968c
 def _lognormal(rng, median: float, sd: float) -> float:
     return float(median * math.exp(rng.normal(0, sd)))
 
@@ -202,6 +204,7 @@ def _inside(X, Y, a, b_ant, b_post):
     b = np.where(Y >= 0, b_ant, b_post)
     return np.abs(X / a) ** _P + np.abs(Y / b) ** _P <= 1
 
+# %% ../../nbs/14_phantom/01_body.ipynb #0f34edc0
 class Body:
     "Outline functions of one subject's torso (all mm, RAS+)."
     def __init__(self, A: dict):
