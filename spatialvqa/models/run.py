@@ -59,6 +59,7 @@ def compact(rows: Iterable[dict], keys: Mapping[str, str]) -> list[dict]:
     mine = set(keys.values())
     return [r for k, r in best.items() if k not in mine] + [best[k] for k in keys.values() if k in best]
 
+# %% ../../nbs/41_models/07_run.ipynb #2a6fa8da
 def lock_path(out: str | os.PathLike) -> Path:
     "The lock file of runs into `out`: in the temporary folder, named by a hash of the resolved path, never removed."
     import tempfile
@@ -85,6 +86,7 @@ def _predictions_file(path: Path, overwrite: bool, model: str | None = None, mix
                           f"(choose another --out, or pass --mixed to keep several models in this file)")
     return rows
 
+# %% ../../nbs/41_models/07_run.ipynb #7cfe458d
 @dataclasses.dataclass
 class RunSummary:
     "What a run did: records in the benchmark, already done before, answered now, errors among them, whether it finished."
@@ -97,6 +99,7 @@ class RunSummary:
     config_hash: str
     first_error: str | None = None     # the first of this run's rows that ended in an error: "qid: error"
 
+# %% ../../nbs/41_models/07_run.ipynb #603d606a
 class _Lock:
     "An exclusive lock on the file `path` (released by the OS if the process dies; the file itself stays)."
     def __init__(self, path: Path, out: Path | None = None): self.path, self.out = path, out or path
