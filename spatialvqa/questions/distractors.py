@@ -39,6 +39,7 @@ def _min_ratio(ok: Callable[[float], bool], r0: float, r_max: float = 1e3, rel: 
         else: lo = mid
     return math.exp(hi)
 
+# %% ../../nbs/20_questions/03_distractors.ipynb #ed169461
 def ladder_ratios(c: float, tol: Callable[[float], float],
                   clear: Callable[[float], bool] | None = None) -> tuple[float | None, float | None]:
     """(below, above): the smallest ratios (at least `MIN_RATIO`, with 2 % to spare for rounding) by which an option
@@ -57,6 +58,7 @@ def _step(down: float | None, up: float | None, k: int, rng) -> float | None:
     need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
     return None if None in need else max(need) * float(rng.uniform(1.0, LADDER_JITTER))
 
+# %% ../../nbs/20_questions/03_distractors.ipynb #c3e1f977
 def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
             bounds: tuple[float, float] | None = None, clear: Callable[[float], bool] | None = None,
             ratios: tuple[float | None, float | None] | None = None) -> list[float] | None:
