@@ -63,6 +63,7 @@ def options_map(options: Mapping[str, str] | Sequence[str] | None) -> dict[str, 
     if isinstance(options, Mapping): return {str(k).strip().upper(): str(v) for k, v in options.items()}
     return {chr(ord("A") + i): str(v) for i, v in enumerate(options)}
 
+# %% ../nbs/22_parse.ipynb #b86c2d4f
 def _after_thinking(text: str) -> str:
     "What follows a reasoning model's closing `</think>` when something does (the thinking blanked out, so spans survive); else `text`."
     i = (text or "").rfind("</think>")
@@ -73,6 +74,7 @@ def _clean(text: str) -> str:
     "Markdown emphasis, code marks and 'N/A' blanked to spaces (same length, so spans survive)."
     return re.sub(r"[*`_#]|\bN/A\b", lambda m: " " * len(m.group(0)), text or "")
 
+# %% ../nbs/22_parse.ipynb #63afd0ab
 def normalise_text(text: str) -> str:
     "Lower case, apostrophes dropped, punctuation to spaces, single spaces, and the articles removed."
     t = (text or "").lower().replace("'s", "s").replace("’s", "s")
