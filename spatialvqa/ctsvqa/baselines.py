@@ -151,6 +151,7 @@ def answer_polarity(text: str | None) -> str | None:
     contracted = any(w == "t" and prev.endswith("n") for prev, w in zip(t, t[1:]))   # isn't, wasn't, don't
     return "no" if contracted or NEGATIONS.intersection(t) else "yes"
 
+# %% ../../nbs/30_ctsvqa/06_baselines.ipynb #c6247927
 def answer_side(text: str | None) -> str | None:
     "'left', 'right', 'both' (bilateral, both lungs, left and right) or 'midline' named by a text; None when none."
     s = normalise_answer(text)
@@ -161,6 +162,7 @@ def answer_side(text: str | None) -> str | None:
     if re.search(r"\b(?:midline|median|central|centrally|center|centre)\b", s): return "midline"
     return None
 
+# %% ../../nbs/30_ctsvqa/06_baselines.ipynb #94ec0ade
 _ONE_RE = re.compile(r"\b(?:unilateral\w*|one (?:side|lung|hemithorax)|single side|deviat\w*|either)\b")
 
 def _side_choices(text: str) -> set[str]:
@@ -171,6 +173,7 @@ def _side_choices(text: str) -> set[str]:
     if _ONE_RE.search(s): found.add("one")
     return found
 
+# %% ../../nbs/30_ctsvqa/06_baselines.ipynb #e519a1ac
 def is_yes_no_question(question: str, answer: str) -> bool:
     "Starts with an auxiliary verb and is not a choice ('… or …?' answered without yes, no or a negation)."
     t = normalise_answer(question).split()
@@ -179,6 +182,7 @@ def is_yes_no_question(question: str, answer: str) -> bool:
     a = normalise_answer(answer).split()
     return bool(a) and (a[0] in ("yes", "no") or bool(NEGATIONS.intersection(a)))
 
+# %% ../../nbs/30_ctsvqa/06_baselines.ipynb #13dbb945
 def answer_facet(question: str, answer: str) -> tuple[str, str] | None:
     "('yesno', polarity) or ('side', side) of a reference answer, or None when neither facet applies."
     if is_yes_no_question(question, answer): return ("yesno", answer_polarity(answer))
