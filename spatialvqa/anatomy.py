@@ -80,6 +80,7 @@ class Lesion:
     parent: str | None = None
     note: str = ""
 
+# %% ../nbs/12_anatomy.ipynb #f51a2ad6
 _S = LesionSource
 _LUNG_LOBES = ("lung_upper_lobe_left", "lung_lower_lobe_left", "lung_upper_lobe_right",
                "lung_middle_lobe_right", "lung_lower_lobe_right")
@@ -260,11 +261,13 @@ def _build_anatomy() -> dict[str, LabelInfo]:
 
 ANATOMY: dict[str, LabelInfo] = _build_anatomy()
 
+# %% ../nbs/12_anatomy.ipynb #c828305e
 def label_info(name: str) -> LabelInfo:
     "The `LabelInfo` of a known label name."
     try: return ANATOMY[name]
     except KeyError: raise KeyError(f"unknown label {name!r}: not a TotalSegmentator class nor one of our lesion labels") from None
 
+# %% ../nbs/12_anatomy.ipynb #210a6c16
 def region(name: str) -> str:
     "Body region of a known label, one of `REGIONS`."
     return label_info(name).region

@@ -42,6 +42,7 @@ def _nib():
     import nibabel
     return nibabel
 
+# %% ../nbs/11_scan.ipynb #be2b4f12
 @dataclass(eq=False)
 class Volume:
     "A 3D array with a 4x4 affine from voxel index `(i, j, k, 1)` to RAS+ world mm (voxel centres)."
@@ -134,6 +135,7 @@ def nifti_affine(img: nib.Nifti1Image, path: str | os.PathLike) -> np.ndarray:
         warnings.simplefilter("ignore")
         return np.array(img.affine, dtype=np.float64)
 
+# %% ../nbs/11_scan.ipynb #055e01e8
 def _read_nifti(path: Path, role: str = "image") -> tuple[np.ndarray, np.ndarray]:
     buf = _inflated(path)
     plain = None if buf is None else _plain_nifti1(buf, path)
@@ -159,7 +161,6 @@ def _read_nifti(path: Path, role: str = "image") -> tuple[np.ndarray, np.ndarray
     except Exception as e: raise _unreadable(path, e) from e
     return _squeeze_to_3d(path, array), affine
 
-
 # %% ../nbs/11_scan.ipynb #50593a43
 def _gz_data(img, path: Path, buf: np.ndarray | None = None) -> np.ndarray | None:
     """The data of the gzipped NIfTI `img` (read from `path`) on `inflate.gunzip`'s buffer (`buf` when it was already
@@ -176,6 +177,7 @@ def _gz_data(img, path: Path, buf: np.ndarray | None = None) -> np.ndarray | Non
         raise ScanError(path, f"unreadable or corrupt: truncated, {len(buf)} bytes where the header describes {offset + n * dtype.itemsize}")
     return np.frombuffer(buf, dtype, n, offset).reshape(shape, order="F")
 
+# %% ../nbs/11_scan.ipynb #48107726
 _NIFTI1_TYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8", 1280: "u8"}
 
 def _inflated(path: Path) -> np.ndarray | None:
@@ -486,6 +488,7 @@ def reoriented_grid(shape, affine, perm=(0, 1, 2), flip=(False, False, False)) -
         m[perm[n], 3] = new_shape[n] - 1 if flip[n] else 0.0
     return new_shape, np.asarray(affine, dtype=np.float64) @ m
 
+# %% ../nbs/11_scan.ipynb #60befda1
 def reorient(vol: Volume, perm=(0, 1, 2), flip=(False, False, False)) -> Volume:
     "The same object with array axes permuted (`np.transpose` order) then flipped; world positions unchanged."
     perm, flip = _check_order(perm, flip)
@@ -502,7 +505,6 @@ def canonical(vol: Volume) -> Volume:
     for old, (new, sign) in enumerate(ornt): perm[int(new)], flip[int(new)] = old, sign < 0
     return reorient(vol, perm, flip)
 
-
 # %% ../nbs/11_scan.ipynb #4778ffc4
 @dataclass(eq=False)
 class Scan:
@@ -511,6 +513,7 @@ class Scan:
     labels: Volume
     image: Volume | None = None
 
+# %% ../nbs/11_scan.ipynb #8525889b
 def _corner_shift_mm(shape, a: np.ndarray, b: np.ndarray) -> float:
     corners = np.array(list(itertools.product(*[(0, n - 1) for n in shape])), dtype=np.float64)
     c = np.c_[corners, np.ones(len(corners))]
@@ -528,6 +531,7 @@ def storage_order(shape, affine, target_shape, target_affine) -> tuple[tuple, tu
         if best is None or shift < best[2]: best = (perm, flip, shift)
     return best
 
+# %% ../nbs/11_scan.ipynb #fbb6b446
 def _scan_id(path) -> str:
     name = Path(path).name
     for ext in (".nii.gz", ".nii", ".nrrd", ".nhdr"):
@@ -556,4 +560,3 @@ def read_scan(labels: str | os.PathLike | Volume, image: str | os.PathLike | Vol
         if (perm, flip) != ORDERS[0]: lab = reorient(lab, perm, flip)
     if scan_id is None: scan_id = _scan_id(lab.path) if lab.path else "scan"
     return Scan(scan_id, lab, img)
-

@@ -134,6 +134,7 @@ def outcome(scored: pd.DataFrame, strict: bool = True, column: str = "correct") 
     v = pd.to_numeric(scored[column].map(lambda x: np.nan if x is None or pd.isna(x) else float(x)), errors="coerce").to_numpy(float)
     return np.where(np.isnan(v), 0.0, v) if strict else v
 
+# %% ../nbs/43_scoring.ipynb #c6d66cbb
 def _groups(scored: pd.DataFrame, by):
     if by is None: return [("all", scored)]
     keys = [by] if isinstance(by, str) else list(by)
@@ -276,6 +277,7 @@ def failure_sheet(scored: pd.DataFrame, n: int = 50, seed: int = 0) -> pd.DataFr
     df = df.assign(options=df["options"].map(_fmt_options), error_type="", notes="")
     return df.reindex(columns=SHEET_COLUMNS).reset_index(drop=True)
 
+# %% ../nbs/43_scoring.ipynb #0d7cb6dc
 def write_failure_sheet(sheet: pd.DataFrame, path: str | os.PathLike) -> Path:
     "The sheet as CSV (atomic; floats to `core.RESULT_DIGITS` significant digits), for a spreadsheet program."
     return write_csv(sheet, path)
@@ -292,6 +294,7 @@ def read_failure_sheet(path: str | os.PathLike) -> pd.DataFrame:
         raise ValueError(f"{path}: row {r + 2} ({df.at[r, 'qid']}) has error type {df.at[r, 'error_type']!r}; expected one of {ERROR_TYPES} or blank")
     return df
 
+# %% ../nbs/43_scoring.ipynb #1ab5ec3f
 def failure_type_table(sheet: pd.DataFrame) -> pd.DataFrame:
     "Counts of each error type per task among labelled rows, with `unlabelled` rows counted apart."
     lab = sheet[sheet["error_type"] != ""]

@@ -49,6 +49,7 @@ def _cli_report_qa(args) -> int:
     print(f"{len(recs)} questions from {len({r['volume'] for r in recs})} of {len(reports)} reports -> {args.out}")
     return 0
 
+# %% ../../nbs/30_ctsvqa/08_commands.ipynb #c9dae1d1
 def add_report_commands(subparsers) -> None:
     "Add the `ctrate-download` and `report-qa` subcommands to an argparse subparsers object."
     d = subparsers.add_parser("ctrate-download", help="download CT-RATE volumes (HF token in the environment) with their metadata applied")

@@ -124,6 +124,7 @@ def _g_dir_relative(c, rng, focus, others=()):
     return _item(c, "DIR.relative", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b},
                  options=[{"key": o, "text": _DIR_OPTION[o]} for o in opts])
 
+# %% ../../nbs/20_questions/04_direction.ipynb #8e112609
 def _g_dir_extreme(c, rng, focus, others=()):
     dname = list(DIRECTIONS)[int(rng.integers(6))]
     ax, sg = DIRECTIONS[dname]

@@ -78,6 +78,7 @@ def _vol_range(spec, S, G):
     return _ev_range(s.volume_ml, tt, spec["options"]), s.volume_ml, \
         {"volume_ml": s.volume_ml, "tolerance": tt + s.volume_ml * math.expm1(_mg(spec, "volume", spec["a"]))}
 
+# %% ../../nbs/20_questions/07_volume.ipynb #4df89f68
 def _vol_threshold(spec, S, G):
     thr, sense = spec["threshold"], spec["sense"]
     out, vols = [], {}
@@ -88,6 +89,7 @@ def _vol_threshold(spec, S, G):
         out.append(None if side is None else side == sense)
     return out, None, {"volume_ml": vols}
 
+# %% ../../nbs/20_questions/07_volume.ipynb #b78ef009
 def _vol_sum(spec, S, G):
     a, b = S[0][spec["a"]], S[0][spec["b"]]
     t = a.volume_ml + b.volume_ml
@@ -105,12 +107,14 @@ def _vol_difference(spec, S, G):
     tol = lambda x: own(x) + w
     return [_num_truth(v, t, tol, own=own) for v in spec["options"]], t, {"volume_ml": [a.volume_ml, b.volume_ml], "tolerance": tol(t)}
 
+# %% ../../nbs/20_questions/07_volume.ipynb #276b02a5
 def _ev_vol_value(spec, S, G, robust=False): return _judged(_vol_value, spec, S, G, [spec["a"]], robust)
 
 def _ev_vol_range(spec, S, G, robust=False): return _judged(_vol_range, spec, S, G, [spec["a"]], robust)
 
 def _ev_vol_threshold(spec, S, G, robust=False): return _judged(_vol_threshold, spec, S, G, spec["options"], robust)
 
+# %% ../../nbs/20_questions/07_volume.ipynb #ee2d42c2
 def _ev_vol_sum(spec, S, G, robust=False): return _judged(_vol_sum, spec, S, G, [spec["a"], spec["b"]], robust)
 
 def _ev_vol_difference(spec, S, G, robust=False): return _judged(_vol_difference, spec, S, G, [spec["a"], spec["b"]], robust)
@@ -131,6 +135,7 @@ def _g_vol_range(c, rng, focus, others=()):
     return _item(c, "VOL.range", [a], {"a": c.name(a)}, {"a": a}, "mL",
                  variants=_range_variants(s.volume_ml, _vol_range_tol(s, c.margins.of("volume", a)), "mL", rng))
 
+# %% ../../nbs/20_questions/07_volume.ipynb #00f1784b
 def _g_vol_threshold(c, rng, focus, others=()):
     sense = 1 if rng.random() < 0.5 else -1
     v = lambda n: c.s(n).volume_ml
@@ -148,6 +153,7 @@ def _g_vol_threshold(c, rng, focus, others=()):
     return _item(c, "VOL.threshold", [], {"cmp": "greater than" if sense > 0 else "less than", "thr": _edge(thr, "mL")},
                  {"threshold": thr, "sense": sense}, "mL", options=[c.opt(n) for n in names], option_structures=True)
 
+# %% ../../nbs/20_questions/07_volume.ipynb #e4c8e2a1
 def _g_vol_sum(c, rng, focus, others=()):
     ab = _related_pair(c, rng, focus)
     if not ab: return None

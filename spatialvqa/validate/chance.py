@@ -68,6 +68,7 @@ def _group_index(records: Sequence[dict], groups) -> tuple[list[str], list[str]]
     if len(gid) != len(records): raise ValueError(f"{len(gid)} group ids for {len(records)} records")
     return gid, list(dict.fromkeys(gid))
 
+# %% ../../nbs/24_validate/02_chance.ipynb #41db1078
 MILP_TIME_LIMIT = 120   # seconds (wall-clock) each 0/1 program of the filter may take
 
 def _solved(res, what: str):
@@ -79,6 +80,7 @@ def _solved(res, what: str):
                                      "this machine's speed", what, MILP_TIME_LIMIT, res.message)
     return res
 
+# %% ../../nbs/24_validate/02_chance.ipynb #e4b65a55
 def _keep_ilp(G: np.ndarray, size: np.ndarray, chance: float, tol: float, weight: np.ndarray,
               family: Sequence[str] | None = None, cap: float | None = None,
               letters: np.ndarray | None = None, slack: float = 0.0) -> np.ndarray | None:
