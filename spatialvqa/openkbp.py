@@ -108,6 +108,7 @@ class Patient:
     clipped: int = 0             # CT voxels clipped to the 12-bit range
     overlap: int = 0             # organ voxels claimed by two organs
 
+# %% ../nbs/16_openkbp.ipynb #49e807db
 def _file(folder: Path, stem: str) -> Path | None:
     return next((p for p in (folder / f"{stem}.csv.gz", folder / f"{stem}.csv") if p.exists()), None)
 
@@ -143,6 +144,7 @@ def read_patient(folder: str | os.PathLike, check: bool = True) -> Patient:
         raise ScanError(folder, "anatomy contradicts OpenKBP's axis convention (axis 0 posterior, 1 left, 2 inferior): " + "; ".join(bad))
     return p
 
+# %% ../nbs/16_openkbp.ipynb #4d04c85f
 def centroids(p: Patient) -> dict[str, np.ndarray]:
     "RAS+ centroid (mm) of every structure drawn in `p`'s label map (voxels another structure overwrote are not counted)."
     a = p.labels.array

@@ -76,6 +76,7 @@ def structures_from_points(points: Mapping[int, np.ndarray], voxel_ml: float, re
         out[name] = Structure(label, name, len(p), len(p) * voxel_ml, tuple(p.mean(0)), tuple(p.min(0)), tuple(p.max(0)))
     return out
 
+# %% ../nbs/27_recheck.ipynb #c7bae157
 def _recheck_rows(records: Sequence[Mapping], root: str | os.PathLike, rel_tol: float) -> list[dict]:
     "The rows of `recheck` for one share of the records; each label map read once."
     cache, rows = {}, []
@@ -103,4 +104,3 @@ def recheck(records: Sequence[Mapping], root: str | os.PathLike = ".", rel_tol: 
     rows = map_shares(functools.partial(_recheck_rows, root=root, rel_tol=rel_tol), records, workers,
                       key=lambda r: tuple(r["label_maps"]), what="recheck")
     return pd.DataFrame(rows, columns=["qid", "task", "key", "recomputed", "agree", "reader"])
-

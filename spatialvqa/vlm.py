@@ -59,6 +59,7 @@ def _device(device: str | None) -> str:
     import torch
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
+# %% ../nbs/42_vlm.ipynb #f16f2dfc
 def _load_images(paths: Sequence[str]):
     from PIL import Image
     out = []
@@ -207,6 +208,7 @@ def tiny_tokenizer(special: Sequence[str], chat_template: str, corpus: Sequence[
     t.chat_template = chat_template
     return t
 
+# %% ../nbs/42_vlm.ipynb #24656752
 def tiny_qwen_vl(version: str = "2.5", seed: int = 0):
     "A tiny random Qwen2.5-VL (or Qwen3-VL) with its tokenizer and PIL image processor, for tests: (model, tokenizer, image processor)."
     import torch, transformers
@@ -487,6 +489,7 @@ def radfm_tokenizer(folder: str | os.PathLike, max_images: int = 100, image_num:
     tok.pad_token_id, tok.bos_token_id, tok.eos_token_id = 0, 1, 2
     return tok, pads
 
+# %% ../nbs/42_vlm.ipynb #404e4223
 @register("radfm")
 class RadFM(Remote3D):
     "RadFM (chaoyi-wu): `MultiLLaMAForCausalLM` from the RadFM code at `code_dir`, checkpoint from `model_id` at `revision`."

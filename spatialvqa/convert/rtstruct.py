@@ -86,6 +86,7 @@ def _rt_patients(src: Path) -> list[Path]:
     kids = [d for d in sorted(src.iterdir()) if d.is_dir() and not _is_junk(d)]
     return [src] if any(_modalities(d, first=True) for d in [src, *kids]) else kids
 
+# %% ../../nbs/17_convert/09_rtstruct.ipynb #c47a711f
 def _rt_series(d: Path) -> tuple[list[Path], list[Path]]:
     "The RTSTRUCT files and the CT series folders anywhere under the patient folder `d`."
     rts, cts = [], []

@@ -538,6 +538,7 @@ def llm_generate_qa(reports: Sequence[dict], llm, lo: int = 7, hi: int = 10, max
                              generator=f"llm:{llm.name}"))
     return recs, rejected
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #c66e410e
 def llm_judge_qa(records: Sequence[dict], reports: Sequence[dict], llm, batch_size: int = 5, max_tokens: int = 1024,
                  temperature: float = 0.0) -> tuple[list[dict], list[dict]]:
     """(records with `judge_spatial` and `judge_relevant`, rejected): the judge step, `batch_size` pairs of one report
@@ -581,6 +582,7 @@ def token_jaccard(a: str, b: str) -> float:
     x, y = content_tokens(a), content_tokens(b)
     return len(x & y) / len(x | y) if x | y else 0.0
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #faff8e73
 def coverage(published: Sequence[dict], ours: Sequence[dict], method: str = "jaccard", threshold: float = 0.5,
              sbert_model: str | None = None):
     """Per published question: `qid`, `volume`, `best_qid` (our most similar question of the same volume), `score`,
@@ -610,6 +612,7 @@ def coverage(published: Sequence[dict], ours: Sequence[dict], method: str = "jac
     df["covered"] = df["score"] >= threshold
     return df
 
+# %% ../../nbs/30_ctsvqa/03_generate.ipynb #9af116f2
 def category_mix(records: Sequence[dict], key: str = "categories"):
     "Share of records carrying each category (a record may carry several), plus `(none)`, as a Series."
     import pandas as pd

@@ -59,6 +59,7 @@ def rederive(record: dict, volumes: Mapping[str, tuple[np.ndarray, np.ndarray] |
     if missing: raise KeyError(f"{record['qid']}: no label map given for scan(s) {missing}")
     return evaluate(record, [_structs_for(record, volumes[s]) for s in record["scan_ids"]])
 
+# %% ../../nbs/20_questions/12_check.ipynb #77e4d3ff
 def check_record(record: dict, volumes) -> list[str]:
     """What is wrong with `record` when answered again from the label maps (empty when nothing): a different
     answer, an option that is not defensibly right or wrong, a second defensible option, options too close."""

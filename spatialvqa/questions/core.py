@@ -91,6 +91,7 @@ class Geometry:
     def to_dict(self) -> dict:
         return {"spacing_mm": [round(float(v), 6) for v in self.spacing]}
 
+# %% ../../nbs/20_questions/00_core.ipynb #4221b3b9
 def geometry_from_affine(affine, shape=None) -> Geometry:
     "The `Geometry` of a grid: voxel size along world x, y, z from the affine's rows; world box when `shape` is given."
     A = np.asarray([list(r) for r in affine], dtype=np.float64)
@@ -117,6 +118,7 @@ def tol_volume(volume_ml: float, voxels: int) -> float:
     (`1.5 / voxels**(1/3)`: a 0.3-voxel layer over the surface of a ball of that many voxels)."""
     return abs(volume_ml) * max(REL_TOL, 1.5 * max(int(voxels), 1) ** (-1 / 3))
 
+# %% ../../nbs/20_questions/00_core.ipynb #b8fe59a2
 def direction_margin(g: Geometry) -> float:
     "Smallest offset (mm) that counts as a direction: two voxel diagonals, at least 10 mm."
     return max(10.0, 2 * g.diag)
@@ -332,6 +334,7 @@ def shown(v: float, unit: str | None) -> float:
     "The value as it is shown (rounded like `fmt_number`)."
     return float(fmt_number(v, unit).split()[0])
 
+# %% ../../nbs/20_questions/00_core.ipynb #b39d2321
 _NICE = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.5, 8.0)
 
 def nice_numbers(lo: float, hi: float) -> list[float]:
@@ -364,6 +367,7 @@ def organ_group(name: str) -> str:
     stem = "_".join(t for t in name.split("_") if t not in ("left", "right"))
     return stem
 
+# %% ../../nbs/20_questions/00_core.ipynb #97219d25
 def host_of(tumour: Structure, structs: Mapping[str, Structure]) -> str | None:
     "The host organ of a lesion among `structs`: the host label whose box holds the lesion's centroid, else the nearest."
     hosts = [structs[h] for h in TUMOURS[tumour.name].hosts if h in structs] if tumour.name in TUMOURS else []
@@ -373,6 +377,7 @@ def host_of(tumour: Structure, structs: Mapping[str, Structure]) -> str | None:
     pick = inside or hosts
     return min(pick, key=lambda h: float(np.linalg.norm(np.asarray(h.centroid) - c))).name
 
+# %% ../../nbs/20_questions/00_core.ipynb #6542543b
 def phrase(name: str, host: str | None = None, article: bool = True) -> str:
     "How a structure is named in a question: 'the right kidney', 'the tumour in the left kidney', 'the liver tumour'."
     if name in _TUMOUR_WORD:
