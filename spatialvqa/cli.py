@@ -29,6 +29,7 @@ def lazy_number(*args) -> Callable[[str], int | float]:
         return _number(*args)(text)
     return parse
 
+# %% ../nbs/49_cli.ipynb #2289075c
 def _nibabel_without_pydicom() -> None:
     "Import nibabel without letting it import pydicom (see above); a no-op once either is loaded."
     if "nibabel" in sys.modules or "pydicom" in sys.modules: return
@@ -36,6 +37,7 @@ def _nibabel_without_pydicom() -> None:
     try: import nibabel  # noqa: F401
     finally: del sys.modules["pydicom"]
 
+# %% ../nbs/49_cli.ipynb #b7aa7900
 _GENERIC_STEMS = {"labels", "label", "seg", "segmentation", "segmentations", "seg_multilabel", "mask", "masks", "labelmap", "label_map"}
 
 def scan_id_of(path: str | os.PathLike) -> str:
@@ -49,6 +51,7 @@ def scan_id_of(path: str | os.PathLike) -> str:
 
 def _is_manifest(path: str) -> bool: return str(path).lower().endswith(".json")
 
+# %% ../nbs/49_cli.ipynb #faa02088
 def _measure(a) -> int:
     if _is_manifest(a.labels): return _measure_manifest(a)
     from spatialvqa import scan
@@ -127,6 +130,7 @@ STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a com
                           "draws": "the draws stage's runs of the seeded baselines (default: none)"}),
 }
 
+# %% ../nbs/49_cli.ipynb #e0027981
 def stage_notebook(stage: str) -> Path:
     "`nbs/stages/<stage>.ipynb` of the repository this package is installed from (an editable install)."
     p = Path(importlib.import_module("spatialvqa").__file__).resolve().parents[1] / "nbs" / "stages" / f"{stage}.ipynb"
@@ -142,6 +146,7 @@ def _cells(stage: str) -> tuple[str, list[str]]:
     i = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
     return src(cells[i]), [src(c) for c in cells[i + 1:] if c["cell_type"] == "code" and src(c).strip()]
 
+# %% ../nbs/49_cli.ipynb #96799da9
 def stage_parameters(stage: str) -> dict[str, tuple[object, str]]:
     """name -> (default, comment) of every parameter of a stage notebook: `name = literal  # comment`, the comment
     continued on the comment lines below it, or taken from the comment lines above when the line has none."""
@@ -392,6 +397,7 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
     "spatialvqa.views.commands": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
 }
 
+# %% ../nbs/49_cli.ipynb #4043292c
 def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
     p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
@@ -436,6 +442,7 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
             for name, help in commands.items(): sub.add_parser(name, help=help).set_defaults(func=None)
     return p
 
+# %% ../nbs/49_cli.ipynb #8afa44ed
 def parser() -> argparse.ArgumentParser:
     "The argument parser of the `spatialvqa` command, every subcommand with its arguments."
     return _parser(lambda mod: True)

@@ -77,6 +77,7 @@ def check_datasets(datasets: Sequence[Mapping]) -> list[dict]:
         out.append(dict(name=name, kind=kind, path=str(e["path"]), options=dict(opts)))
     return out
 
+# %% ../../nbs/17_convert/10_datasets.ipynb #da22f435
 def convert_datasets(datasets: Sequence[Mapping], out: str | os.PathLike, workers: int | None = None,
                      scheduler: str | None = None) -> list[dict]:
     """Convert every entry of `datasets` into `out/<name>/`; list all their scans, in list order, in `out/scans.json`

@@ -77,6 +77,7 @@ def _corner_shift_mm(shape, a: np.ndarray, b: np.ndarray) -> float:
     c = np.c_[corners, np.ones(len(corners))]
     return float(np.linalg.norm(c @ (np.asarray(a) - np.asarray(b))[:3].T, axis=1).max())
 
+# %% ../../nbs/17_convert/01_writer.ipynb #d41933bf
 def _image_grid(path: Path, verify: bool) -> tuple[tuple[int, ...], np.ndarray]:
     "Shape and affine of a CT: a NIfTI from its header (all of it read when `verify`), anything else (NRRD, DICOM folder) read."
     if not path.exists(): raise ScanError(path, "no such file (the image of this case is missing)")
@@ -104,6 +105,7 @@ def _check_image(path: Path, labels: Volume, verify: bool, atol_mm: float = 1e-3
         raise ScanError(labels.path, f"affine mismatch: labels and image {path} place voxels up to {shift:.4g} mm apart")
     return shape, (None if (perm, flip) == ORDERS[0] else (perm, flip))
 
+# %% ../../nbs/17_convert/01_writer.ipynb #d47fdcfa
 def _write_nifti(array: np.ndarray, affine: np.ndarray, folder: Path, name: str = "labels.nii.gz") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tmp, dest = folder / f".{name}.{os.getpid()}.tmp.nii.gz", folder / name

@@ -99,6 +99,7 @@ def heldout(volume: str, k: int = 5, fold: int = 0) -> bool:
     "Whether `volume` is in fold `fold` of `k` (a stable hash of its name; a patient's scans are hashed by name, not grouped)."
     return int(stable_hash(ctsvqa_volume(volume)), 16) % k == fold
 
+# %% ../../nbs/30_ctsvqa/02_categories.ipynb #909b5365
 def _prf(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
     p = tp / (tp + fp) if tp + fp else float("nan")
     r = tp / (tp + fn) if tp + fn else float("nan")
@@ -122,6 +123,7 @@ def multilabel_scores(truth: Sequence[Sequence[str]], pred: Sequence[Sequence[st
                   precision=df.precision.mean(), recall=df.recall.mean(), f1=df.f1.mean())]
     return pd.concat([df, pd.DataFrame(extra)], ignore_index=True)
 
+# %% ../../nbs/30_ctsvqa/02_categories.ipynb #1a431743
 def binary_scores(truth: Sequence[bool], pred: Sequence[bool]) -> dict:
     "`n`, `tp`, `fp`, `fn`, `tn`, `precision`, `recall`, `f1`, `accuracy` and Cohen's `kappa` of a yes/no decision."
     if len(truth) != len(pred): raise ValueError(f"{len(truth)} truths for {len(pred)} predictions")

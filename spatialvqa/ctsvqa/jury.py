@@ -84,6 +84,7 @@ def _jury_published(preds, judgments, threshold):
     unmatched = sum(len(j) - n for j in judgments)                 # rows past the shortest file
     return rows, mis, max(0, len(preds) - n), unmatched
 
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #251b8fc2
 def _jury_key(preds, judgments, threshold):
     queues = []
     for j in judgments:
@@ -101,6 +102,7 @@ def _jury_key(preds, judgments, threshold):
     unmatched = sum(len(d) for q in queues for d in q.values())
     return rows, 0, dropped, unmatched
 
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #76c13f6d
 def jury_accuracy(predictions: Sequence[dict], judgments: Sequence[Sequence[dict]], align: str = "key",
                   model: str = "", threshold: float = JURY_THRESHOLD) -> JuryResult:
     """Jury accuracy of one model: `predictions` (question, answer, prediction, optional qid) in file order,
@@ -174,6 +176,7 @@ def write_correctness_matrix(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     with atomic_write(path) as f: df.to_csv(f, float_format="%.2f", index_label="question_id")
     return Path(path)
 
+# %% ../../nbs/30_ctsvqa/04_jury.ipynb #cde686fa
 def category_accuracy(matrix: pd.DataFrame, categories: dict[str, Sequence[str]], missing: str = "zero",
                       binarize: bool = True, threshold: float = JURY_THRESHOLD) -> pd.DataFrame:
     """Per-category accuracy in percent: one row per category (sorted), `count` of the matrix's questions in it, a column per model.

@@ -91,6 +91,7 @@ def _dedup_key(item: dict) -> tuple:
     if item["subtask"] in _SYMMETRIC and "a" in spec: spec["a"], spec["b"] = sorted((spec["a"], spec["b"]))
     return (tuple(sorted(item["scan_ids"])), item["subtask"], tuple(sorted(item["structures"])), dumps(spec, sort_keys=True))
 
+# %% ../../nbs/20_questions/13_generate.ipynb #d5e69e1f
 def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: Mapping[str, int], seed: int,
                 tumour_share: float, max_tries: int, seen: set, focus: Sequence[str] = (),
                 focus_share: float = 0.5, accept: Callable[[dict], bool] | None = None,

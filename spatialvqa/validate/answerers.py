@@ -68,6 +68,7 @@ def _levels(r: dict) -> list[tuple]:
     key = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":"), default=_json_default)   # a dict key, not an id
     return [(r["subtask"], key(sp)), (r["subtask"], key(generic)), (r["subtask"],)]
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #3799aaaa
 def _hashable(k):
     return tuple(_hashable(x) for x in k) if isinstance(k, (list, tuple)) else k
 
@@ -86,6 +87,7 @@ def _log_gap(o, v) -> float:
     edge = lo if lo is not None and v < lo else hi
     return abs(math.log(v / edge)) if edge and edge > 0 and v > 0 else math.inf
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #7c8025ca
 def _true_quantity(r: dict):
     "What the prior learns for a quantity question: the log of the measured value, or of the correct extent triple."
     if r.get("answer_value") is not None and r["answer_value"] > 0: return math.log(r["answer_value"])
@@ -95,6 +97,7 @@ def _true_quantity(r: dict):
         if _quantity(k) and all(x is not None and x > 0 for x in k): return np.log(np.asarray(k, float))
     return None
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #67c13d2b
 def _pick(r: dict, p, seed: int) -> str:
     "The letter of the most probable option, ties broken by `_guess`."
     p = np.asarray(p, float)
@@ -193,6 +196,7 @@ def _numbers(text: str) -> list[float]:
 def _ranks(vals: Sequence[float]) -> list[int]:
     return [int(x) for x in np.argsort(np.argsort(np.asarray(vals, float), kind="stable"), kind="stable")]
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #d0ffe9ab
 def option_features(r: dict) -> list[dict[str, float]]:
     "Features of each option of a multiple-choice record, from its text and the question's text only."
     sub, q = r["subtask"], [w for w in set(_words(r["question"])) if not w[0].isdigit()]
@@ -248,6 +252,7 @@ def _option_codes(r: dict) -> list[tuple[np.ndarray, np.ndarray]]:
     return remember(_CODE_CACHE, (r["subtask"], r["question"], tuple(r["options"])),
                     lambda: [feature_codes(f) for f in option_features(r)], cap=200_000)
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #7109a7b4
 class FeatureMatrix:
     "`DictVectorizer().fit_transform` / `.transform` over `feature_codes` rows: the same CSR matrix, built with numpy."
     def fit_transform(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]):
@@ -703,6 +708,7 @@ def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, see
     if llm: out += [llm_answerer(c, seed) for c in (llm if isinstance(llm, (list, tuple)) else [llm])]
     return out
 
+# %% ../../nbs/24_validate/01_answerers.ipynb #34beafd1
 def predictions(a, records: Sequence[dict]) -> list[dict]:
     "Each record's `pred` by answerer `a`, and its option probabilities (`proba`) when `a` gives them."
     preds = a.predict(records)
