@@ -242,6 +242,7 @@ def protect_inputs(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
     finally:
         for k in added: _PROTECTED.pop(k, None)
 
+# %% ../nbs/00_core.ipynb #bd53f9ee
 def check_output(path: str | os.PathLike) -> Path:
     """`path` as a Path when it may be written: absent, or a regular file (not a symbolic link) that is none of the
     inputs `protect_inputs` guards. Otherwise an `OutputError` that names the path and the reason."""
@@ -259,6 +260,7 @@ def check_output(path: str | os.PathLike) -> Path:
     if name: raise OutputError(f"{p}: the output is the input {name} of this command; writing it would destroy the input")
     return p
 
+# %% ../nbs/00_core.ipynb #dc9e7a9a
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator[Any]:
     """Open a temporary sibling of `path` for writing; rename it onto `path` only if the block succeeds. `path` must pass
@@ -305,6 +307,7 @@ def dumps(obj, **kwargs) -> str:
     try: return json.dumps(_finite(obj), default=_json_default, allow_nan=False, **kwargs)
     except ValueError as e: raise ValueError(f"not valid JSON: {e} (an infinite number)") from None
 
+# %% ../nbs/00_core.ipynb #ab5ae3a9
 def write_json(obj, path: str | os.PathLike, indent: int | None = 2, digits: int | None = None) -> Path:
     "Write `obj` as JSON to `path` atomically; with `digits`, its floats rounded to that many significant digits (`round_sig`: metrics)."
     if digits is not None: obj = round_sig(obj, digits)
@@ -521,6 +524,7 @@ def series_colours(names: Sequence[str]) -> dict[str, str]:
     "One Okabe–Ito colour per name, in `SERIES` order (cycling after eight)."
     return {n: SERIES[i % len(SERIES)] for i, n in enumerate(dict.fromkeys(names))}
 
+# %% ../nbs/00_core.ipynb #dce8dcb8
 PNG_METADATA = {"Software": None}   # matplotlib's version is no part of a figure: the same figure, the same bytes
 
 def save_figure(fig, path: str | os.PathLike, data: pd.DataFrame | None = None, dpi: int = 150) -> list[Path]:
@@ -532,6 +536,7 @@ def save_figure(fig, path: str | os.PathLike, data: pd.DataFrame | None = None, 
     if data is not None: out.append(write_csv(data, path.with_suffix(".csv")))
     return out
 
+# %% ../nbs/00_core.ipynb #170f927e
 def wrap_label(label, width: int) -> str:
     "`label` broken into lines of at most `width` characters."
     return "\n".join(textwrap.wrap(str(label), width)) or str(label)
@@ -594,6 +599,7 @@ def length_histogram(lengths: Mapping[str, Sequence[int]], max_words: int = 30) 
     import pandas as pd
     return pd.DataFrame(rows)
 
+# %% ../nbs/00_core.ipynb #a1749245
 def plot_length_distributions(lengths: Mapping[str, Sequence[int]], reference: str = "reference", max_words: int = 30,
                               colours: Mapping[str, str] | None = None, title: str = "Answer length"):
     "(figure, data): a panel per system other than `reference`, bars of its word-count shares over the reference's outline."

@@ -57,6 +57,7 @@ _CTS = f"https://raw.githubusercontent.com/Mashrafi27/CT-SpatialVQA/{CTSVQA_REV}
 def _pyr(name, sha): return RemoteFile(f"real-ct/pyradiomics/{name}", _PYR + ("data/README.md" if name == "UPSTREAM_README.md" else name if name == "LICENSE.txt" else f"data/{name}"), sha)
 def _cts(path, upstream, sha, up_sha=None): return RemoteFile(f"ct-spatialvqa/{path}", _CTS + upstream, sha, up_sha)
 
+# %% ../nbs/10_fetch.ipynb #871d359a
 SOURCES: dict[str, Source] = {
     "pyradiomics": Source(
         "pyradiomics", PYRADIOMICS_REV, "BSD-3-Clause", "https://github.com/AIM-Harvard/pyradiomics",

@@ -333,6 +333,7 @@ def plot_failures(counts: pd.DataFrame, title: str = "Failures awaiting labels, 
     fig.tight_layout()
     return fig, piv.reset_index().rename_axis(columns=None)
 
+# %% ../nbs/45_figures.ipynb #cc821d36
 def plot_failure_types(sheet: pd.DataFrame, path: str | os.PathLike | None = None):
     "Stacked bars of the share of each error type per task (labelled rows; n on each bar), Okabe-Ito colours; saved when `path` is given."
     import matplotlib.pyplot as plt

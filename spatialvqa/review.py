@@ -84,6 +84,7 @@ def collect_reviews(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> p
             if vals.notna().any(): cols[f"{tag}:rater_{m.group(1)}"] = pd.Series(vals.to_numpy(), index=df["qid"])
     return pd.DataFrame(cols)
 
+# %% ../nbs/26_review.ipynb #29903877
 def agreement(scores: pd.DataFrame, weights: str | None = None) -> dict:
     "Inter-rater agreement of a `collect_reviews` table over the questions every rater scored."
     full = scores.dropna()
@@ -100,6 +101,7 @@ def agreement(scores: pd.DataFrame, weights: str | None = None) -> dict:
     out["kappa"] = None if math.isnan(k) else round(k, 4)
     return out
 
+# %% ../nbs/26_review.ipynb #928e6262
 def read_reviews(paths, weights: str | None = None) -> Reviews:
     "Mean score, inclusion (mean > 1.0) and inter-rater agreement from filled review sheets (see `collect_reviews`)."
     scores = collect_reviews(paths)

@@ -44,6 +44,7 @@ def _amos_sexes(root: Path, meta: str | os.PathLike | None) -> dict[int, str]:
     if meta: raise ScanError(meta, "no such file")
     return {}
 
+# %% ../../nbs/17_convert/03_amos.ipynb #4ee1bca6
 def convert_amos(src: str | os.PathLike, out: str | os.PathLike, workers: int | None = None,
                  scheduler: str | None = None, images: str = "reference", verify_images: bool = False,
                  modalities: Sequence[str] = ("CT",), mapping: Mapping[int | str, str] | None = None,

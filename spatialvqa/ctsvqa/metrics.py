@@ -53,11 +53,13 @@ def text_pairs(predictions: Sequence[str | None], references: Sequence[str | Non
         keep.append(i); ps.append(p); rs.append(r)
     return keep, ps, rs
 
+# %% ../../nbs/30_ctsvqa/05_metrics.ipynb #053c1367
 def bleu_corpus(predictions: Sequence[str], references: Sequence[str]) -> float:
     "sacrebleu corpus BLEU (0-100) with one reference per item."
     import sacrebleu
     return float(sacrebleu.corpus_bleu(list(predictions), [list(references)]).score)
 
+# %% ../../nbs/30_ctsvqa/05_metrics.ipynb #d8b86fb6
 @lru_cache(maxsize=1)
 def _rouge():
     from rouge_score import rouge_scorer
@@ -114,6 +116,7 @@ def ensure_nltk_path() -> None:
     for d in reversed(nltk_data_dirs()):
         if d.is_dir() and str(d) not in nltk.data.path: nltk.data.path.insert(0, str(d))
 
+# %% ../../nbs/30_ctsvqa/05_metrics.ipynb #0c85bb3c
 def wordnet_missing() -> str | None:
     "None when NLTK can read WordNet; otherwise why not (METEOR needs it)."
     try:
@@ -160,6 +163,7 @@ def _per_distinct_pair(seen: dict, ps: Sequence[str], rs: Sequence[str], fn: Cal
         for pr, v in zip(todo, fn([p for p, _ in todo], [r for _, r in todo])): seen[pr] = tuple(np.atleast_1d(v).tolist())
     return np.asarray([seen[pr] for pr in zip(ps, rs)], dtype=float).reshape(len(ps), width)
 
+# %% ../../nbs/30_ctsvqa/05_metrics.ipynb #8023d4d9
 ITEM_METRICS = ("exact_match", "rouge1_f", "rouge2_f", "rougeL_f", "meteor", "sbert_cosine")
 
 def text_metric_items(predictions: Sequence[str | None], references: Sequence[str | None], lower: bool = True,
@@ -184,6 +188,7 @@ def text_metric_items(predictions: Sequence[str | None], references: Sequence[st
     for k, col in zip(BLEU_STATS, bleu_stats(ps, rs).T): items[k] = col
     return items, missing
 
+# %% ../../nbs/30_ctsvqa/05_metrics.ipynb #e475f49d
 def text_summary(items: pd.DataFrame, missing: Mapping[str, str] | None = None) -> dict:
     "`count` and the `TEXT_METRICS` of scored items (means; BLEU from the summed statistics), None where `missing`."
     missing = dict(missing or {})

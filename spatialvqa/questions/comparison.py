@@ -88,6 +88,7 @@ def _g_comp_extreme(c, rng, focus, others=()):
     return _item(c, "COMP.extreme", [], {"sup": "largest" if sense > 0 else "smallest"}, {"sense": sense},
                  options=[c.opt(n) for n in names], option_structures=True)
 
+# %% ../../nbs/20_questions/08_comparison.ipynb #ed47014b
 def _g_comp_rank(c, rng, focus, others=()):
     sense = 1 if rng.random() < 0.5 else -1
     first = [focus] if focus else c.pick(rng)

@@ -246,6 +246,7 @@ def _cut_round(t: Triviality, live: list[dict], names: list[str], c: ValidateCon
                 dropped += 1
     return dropped
 
+# %% ../../nbs/24_validate/03_pipeline.ipynb #e453522e
 def chance_rounds(t: Triviality, ans: Sequence, c: ValidateConfig, protect: Callable | None = None) -> Triviality:
     """Rule `chance`: subsample (`_cut_round`), restore exact letter balance by the fewest swaps (with `balance`), refit
     the answerers on what is left, until a round changes nothing (at most `CHANCE_ROUNDS`): the answerers learn (and
@@ -338,6 +339,7 @@ def summarise(records: Sequence[dict], kept: list[dict], removed: list[dict], t:
                              for task in TASKS if (n := Counter(scan_family(r) for r in kept if r["task"] == task))},
     }
 
+# %% ../../nbs/24_validate/03_pipeline.ipynb #6ccacbbd
 def shortcut_audit(kept: list[dict], removed: list[dict], c: ValidateConfig, seeds: Sequence[int]) -> dict:
     """`c.audit`'s answerers re-trained within the kept and within the removed (trivial) questions on fresh scan splits,
     the seeds after the filter's: with a filter's own split, the audit's answerers would be near copies of the
