@@ -157,6 +157,7 @@ class RtHeader:
     series: tuple[str, ...]
     collection: str | None = None
 
+# %% ../nbs/13_rtstruct.ipynb #326a0223
 def _read_rtstruct(path: Path, header_only: bool = False):
     import pydicom
     if not path.is_file(): raise ScanError(path, "no such file")
