@@ -220,6 +220,7 @@ def validator_prompt(record: Mapping) -> str:
             "(are all values and options anatomically plausible?), non_triviality (can it not be answered without the "
             "image?). For each give a verdict, pass or fail, and a short reason.\nExample:\n" + _EXAMPLE + "\n" + q)
 
+# %% ../nbs/25_agents.ipynb #ede36a51
 def read_verdicts(reply) -> dict[str, dict]:
     "Per criterion `{verdict: 'pass' | 'fail' | None, reason}` from the validator's parsed reply (or its parse error)."
     out = {}
@@ -240,6 +241,7 @@ def validator_rule(verdicts: Mapping[str, Mapping]) -> tuple[bool, str]:
     missing = [c for c in VALIDATOR_CRITERIA if (verdicts.get(c) or {}).get("verdict") is None]
     return False, ("no verdict on " + ", ".join(missing)) if missing else "all criteria passed"
 
+# %% ../nbs/25_agents.ipynb #470b7047
 class ClinicalValidator:
     "The clinical-validation agent: one-shot JSON verdicts per criterion."
     name = "clinical_validator"

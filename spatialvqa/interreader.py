@@ -53,6 +53,7 @@ def our_name(path: str | Path) -> str:
     if stem not in NIKOLOV_NAMES: raise ValueError(f"{path}: unknown structure {stem!r}; expected one of {sorted(NIKOLOV_NAMES)}")
     return NIKOLOV_NAMES[stem]
 
+# %% ../nbs/28_interreader.ipynb #d76371aa
 _UINT8 = ("uint8", "uchar", "unsigned char", "uint8_t")
 _DETACHED = ("data file", "datafile", "line skip", "lineskip", "byte skip", "byteskip")
 
@@ -100,6 +101,7 @@ def despeckle(mask: np.ndarray, max_voxels: int) -> tuple[np.ndarray, int, int]:
     if not len(small) or len(small) == n: return mask, 0, 0
     return mask & ~np.isin(lab, small), int(len(small)), int(size[small - 1].sum())
 
+# %% ../nbs/28_interreader.ipynb #509bb748
 @dataclass
 class ReaderMap:
     "One reader's masks of one scan as a label map with our ids, and what merging them found."
@@ -154,6 +156,7 @@ def two_reader_scans(root: str | Path) -> list[dict]:
     if not out: raise ValueError(f"{root}: no scans (expected <split>/<reader>/<scan>/segmentations/)")
     return out
 
+# %% ../nbs/28_interreader.ipynb #c1e831ac
 class _MeasurePair:  # picklable for worker processes
     def __init__(self, max_speck: int): self.max_speck = max_speck
     def __call__(self, case: dict) -> tuple[list[dict], list[dict]]:
@@ -280,6 +283,7 @@ def derive_margins(diffs: pd.DataFrame, percentile: float = 100, min_voxels: int
                 table[n] = table[m] = max(both) if q == "volume" else tuple(max(a, b) for a, b in zip(*both))
     return Margins(**out, provenance=provenance)
 
+# %% ../nbs/28_interreader.ipynb #45d4ddef
 CLASS_EXAMPLES = {"tiny": "eye_lens_left", "gland": "parotid_gland_left", "bone": "mandible", "tube": "spinal_cord",
                   "organ": "brainstem", "large_organ": "brain", "lesion": "kidney_tumor"}   # a structure of each class (`margins_table`)
 
@@ -336,6 +340,7 @@ def reader_tables(structures: pd.DataFrame, scans: pd.DataFrame, reader: str, bo
     sc = scans[scans.reader == reader]
     return st.drop(columns=["reader"]).reset_index(drop=True), sc.drop(columns=["reader"]).reset_index(drop=True)
 
+# %% ../nbs/28_interreader.ipynb #e745154c
 def _by_scan(table: pd.DataFrame) -> dict[str, dict]:
     return {sid: {str(r["name"]): structure_from_row(r) for _, r in g.iterrows()} for sid, g in table.groupby("scan_id")}
 
@@ -367,6 +372,7 @@ def flip_study(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins |
                          "key": key, "other": got, "flipped": bool(how), "how": how, "mra": m})
     return pd.DataFrame(rows)
 
+# %% ../nbs/28_interreader.ipynb #af2dcadf
 def flip_summary(flips: pd.DataFrame, by: str = "task") -> pd.DataFrame:
     "Questions, flips and the flip rate per `by` (task or subtask) and overall (`all`)."
     g = flips.groupby(by, sort=False)

@@ -103,6 +103,7 @@ def rasterise(polygons_by_slice: Mapping[int, Sequence[np.ndarray]], shape: Sequ
 def _series_files(folder: Path) -> list[Path]:
     return sorted(f for f in Path(folder).iterdir() if f.is_file() and not f.name.startswith(".") and f.name.upper() != "DICOMDIR")
 
+# %% ../nbs/13_rtstruct.ipynb #3a86a345
 def write_rtstruct(series: str | os.PathLike, rois: Mapping[str, Sequence[np.ndarray]], path: str | os.PathLike,
                    kind: str = "ORGAN") -> Path:
     """Write an RTSTRUCT at `path` drawn on the DICOM series folder `series`: one ROI per entry of `rois` (numbered
@@ -157,6 +158,7 @@ class RtHeader:
     series: tuple[str, ...]
     collection: str | None = None
 
+# %% ../nbs/13_rtstruct.ipynb #326a0223
 def _read_rtstruct(path: Path, header_only: bool = False):
     import pydicom
     if not path.is_file(): raise ScanError(path, "no such file")

@@ -114,6 +114,7 @@ def paired_bootstrap_diff(a, b, clusters=None, n_boot: int = 2000, seed: int = 0
     return dict(estimate=est, ci_low=float(lo), ci_high=float(hi), p_value=p, n=int(keep.sum()),
                 n_clusters=int(keep.sum()) if cl is None else _cluster_codes(cl, len(cl))[1])
 
+# %% ../nbs/01_stats.ipynb #b17a5e7e
 def _chi2_1_sf(x: float) -> float:
     "Upper tail of the chi-square distribution with 1 degree of freedom."
     return math.erfc(math.sqrt(max(x, 0.0) / 2))
@@ -143,6 +144,7 @@ def mcnemar(a_correct, b_correct, clusters=None, exact: bool | None = None, exac
     stat = (abs(n10 - n01) - 1) ** 2 / d
     return dict(out, statistic=float(stat), p_value=_chi2_1_sf(stat), method="chi2, continuity corrected")
 
+# %% ../nbs/01_stats.ipynb #8b05983b
 def holm(pvalues) -> np.ndarray:
     "Holm's step-down adjusted p-values (family-wise error), in the input order; NaN stays NaN and is not counted."
     p = np.asarray(pvalues, dtype=float)

@@ -34,6 +34,7 @@ def _ts_case(d: Path, seg: str | None, ct: str | None = None) -> tuple[Path, Pat
     else: labels, reader = (d / seg, "map") if seg is not None else (d / "segmentations", "masks")  # missing: rejected by name
     return (image or d / names[0]), labels, reader
 
+# %% ../../nbs/17_convert/02_totalsegmentator.ipynb #ead96464
 def convert_totalsegmentator(src: str | os.PathLike, out: str | os.PathLike, workers: int | None = None,
                              scheduler: str | None = None, images: str = "reference", verify_images: bool = False,
                              modalities: Sequence[str] = ("CT",), mapping: Mapping[str, str] | None = None,

@@ -76,6 +76,7 @@ def _g_ext_value(c, rng, focus, others=()):
                  "mm", variants=_numeric_variants(t, lambda x: tol_extent(x, ax, c.geom), "mm", rng, plausible_length(a),
                                                   _clear(c, "EXT.value", {"a": a, "axis": ax}, _ev_ext_value)))
 
+# %% ../../nbs/20_questions/06_extent.ipynb #cd69f434
 def _triple_distinct(x, y, g) -> bool:
     "Two boxes (lr, ap, si mm) differ clearly along at least one axis."
     return any(_num_distinct(max(x[i], y[i]), min(x[i], y[i]), lambda v, i=i: tol_extent(v, i, g)) for i in range(3))
@@ -106,6 +107,7 @@ def _g_ext_bbox(c, rng, focus, others=()):
         variants.append(None if boxes is None else [{"key": x, "text": txt(x)} for x in boxes])
     return _item(c, "EXT.bbox", [a], {"a": c.name(a)}, {"a": a}, "mm", variants=_both_orders(variants))
 
+# %% ../../nbs/20_questions/06_extent.ipynb #a71fcbdf
 def _g_ext_max(c, rng, focus, others=()):
     ax = int(rng.integers(3))
     c = c.restrict(lambda n: ax not in c.cut.get(n, ()))

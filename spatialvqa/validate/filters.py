@@ -68,6 +68,7 @@ def table_from_records(records: Iterable[dict]) -> pd.DataFrame:
                 "components": None}
     return pd.DataFrame(list(rows.values()))
 
+# %% ../../nbs/24_validate/00_filters.ipynb #e4e21936
 def _removed(r: dict, by: str, reason: str, **extra) -> dict:
     return {**r, **extra, "removed_by": by, "reason": reason}
 
@@ -104,6 +105,7 @@ def normalise(text: str | None) -> str:
     t = re.sub(r"[^a-z0-9.\s]+", " ", t)
     return " ".join(t.split())
 
+# %% ../../nbs/24_validate/00_filters.ipynb #2c61cfc5
 def shingles(record: dict) -> set[str]:
     "Word unigrams and bigrams of the normalised question and its options (sorted)."
     w = normalise(" ".join([record["question"], *sorted(record.get("options") or [])])).split()

@@ -126,6 +126,7 @@ def render_views(scan: Scan | tuple | Mapping, structures: Sequence[str | int], 
         out[view] = ViewImage(view, rgb, lab, meta)
     return out
 
+# %% ../../nbs/40_views/03_render.ipynb #77c76cc1
 def _readable(name: str) -> str:
     try: return readable(name)
     except Exception: return name.replace("_", " ")
