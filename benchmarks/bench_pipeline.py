@@ -5,13 +5,13 @@
                                                   [--real all|openkbp|none] [--keep DIR]      (make bench-pipeline)
 
 Every size runs the same library calls as the DVC stages, each timed, with the settings of params.yaml:
-`convert.convert_datasets` (the `datasets` list), `counterfactual.make_counterfactuals` (section counterfactual,
-generate.min_voxels), `measure.measure_manifests` (scans and copies; measure.components), the generate stage
-(`questions.generate.generate_questions` with the per-scan and per-source budgets, the counterfactual focus and flip shares,
-`counterfactual.pair_questions`, and with generate.verify every answer re-derived from the label maps with
-`questions.check.check_record`, as nbs/stages/generate.ipynb does) and `validate.pipeline.validate` (every setting of section
-validate as nbs/stages/validate.ipynb passes it, the audit included; an LLM answerer, which needs a server, is left
-out and said so). Convert, counterfactual and measure use `--workers` local processes (default executor.workers;
+`convert.datasets.convert_datasets` (the `datasets` list), `counterfactual.make_counterfactuals` (section
+counterfactual, generate.min_voxels), `measure.measure_manifests` (scans and copies; measure.components), the generate
+stage (`questions.generate.generate_questions` with the per-scan and per-source budgets, the counterfactual focus and
+flip shares, `counterfactual.pair_questions`, and with generate.verify every answer re-derived from the label maps with
+`questions.check.check_record`, as nbs/stages/generate.ipynb does) and `validate.pipeline.validate` (every setting of
+section validate as nbs/stages/validate.ipynb passes it, the audit included; an LLM answerer, which needs a server, is
+left out and said so). Convert, counterfactual and measure use `--workers` local processes (default executor.workers;
 `spatialvqa.core.parallel_map`); generate and validate run in this process, as in their stages.
 
 The cohort of a size N is params.yaml's `datasets` as they apply offline, read from ../shared/data (the mirror that

@@ -56,11 +56,12 @@ DRAW_COLUMNS = ["model", "draw", "seed", "qid", "task", "value"]
 def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True,
                workers: int = 1) -> pd.DataFrame:
     """Run every model of `entries` (name → its `infer.models` entry, with a `config.seed`) `n` times over the
-    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, as `models.infer` and `scoring.score_predictions` would
-    (plain questions, no option rotations). One row per model, run and question: `model`, `draw` (0 ... n-1), `seed`,
-    `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers; unread answers 0 when `strict`).
-    The benchmark is read once; every seed's answers come from `models.seeded_answers` (in memory, no prediction
-    file), and each distinct answer to a question is scored once by `score_predictions` (`_draw_values`): the
+    benchmark JSONL, with seeds `seed + 0` ... `seed + n - 1`, as `models.run.run_inference` and
+    `scoring.score_predictions` would (plain questions, no option rotations). One row per model, run and question:
+    `model`, `draw` (0 ... n-1), `seed`, `qid`, `task`, `value` (`outcome`: 0/1 for multiple choice, MRA for numbers;
+    unread answers 0 when `strict`). The benchmark is read once; every seed's answers come from
+    `models.commands.seeded_answers` (in memory, no prediction file), and each distinct answer to a question is
+    scored once by `score_predictions` (`_draw_values`): the
     values of `seed_draws_by_infer`, which runs each seed through `infer` and a file, at a fraction of the time.
     `workers` > 1 shares each model's seeds among that many processes (every seed is computed on its own: the values
     do not depend on it)."""
@@ -89,9 +90,9 @@ def seed_draws(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: 
 
 # %% ../../nbs/44_results/03_draws.ipynb #dbac944e
 def seed_draws_by_infer(benchmark: str | os.PathLike, entries: Mapping[str, Mapping], n: int = 100, strict: bool = True) -> pd.DataFrame:
-    """`seed_draws` the long way, its definition: every seed a real run of `models.infer` into a prediction file, read
-    back and scored by `scoring.score_predictions`. Slow (the benchmark read and the prompts made again for every
-    run, every answer written to disk); kept to show that `seed_draws` gives the same values."""
+    """`seed_draws` the long way, its definition: every seed a real run of `models.run.run_inference` into a prediction
+    file, read back and scored by `scoring.score_predictions`. Slow (the benchmark read and the prompts made again for
+    every run, every answer written to disk); kept to show that `seed_draws` gives the same values."""
     import tempfile
     from spatialvqa.models.commands import infer, model_entry
     records = read_jsonl(benchmark)
