@@ -337,6 +337,11 @@ def build(site: Path, run: str = "all", src_dir: Path | None = None, quiet: bool
     results_pages(src)
     cfg = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     cfg["docs_dir"] = str(src)
+    for plugin in cfg["plugins"]:          # griffe extensions named by path: from the repository, wherever the config
+        if not isinstance(plugin, dict): continue
+        opts = plugin.get("mkdocstrings", {}).get("handlers", {}).get("python", {}).get("options", {})
+        ext = opts.get("extensions")
+        if ext: opts["extensions"] = [str(ROOT / e) if str(e).endswith(".py") else e for e in ext]
     cfg["site_dir"] = str(Path(site).resolve())
     cfg["nav"] = ([{"Home": "index.md"}, {"Notebooks": [{k: v} for k, v in nav_nbs.items()]},
                    {"API reference": api_nav}, {"Pipeline": "pipeline.md"},

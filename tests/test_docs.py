@@ -90,6 +90,10 @@ def test_every_notebook_has_a_page_and_links_resolve(site):
         mod = d.module_of(nb)
         api = site / "api" / f"{mod}.html"
         assert api.exists() and f"spatialvqa.{mod}" in api.read_text(), f"no API page for spatialvqa.{mod}"
+    # methods added to a class with fastcore's @patch in later cells are on the class's API entry (griffe_patch.py)
+    local = (site / "api" / "llm.local.html").read_text()
+    for method in ("load", "render", "tokenizer"):
+        assert f'id="spatialvqa.llm.local.Transformers.{method}"' in local, f"Transformers.{method} not on its page"
     index = (site / "index.html").read_text()
     assert "Two commands" in index and "pipeline.html" in index, "the index is the README's text with the site's links"
     # the pipeline page draws the DAG: an SVG with one node per stage of `dvc stage list`
