@@ -84,13 +84,15 @@ def _ev_dist_range(spec, S, G, robust=False):
 def _dist_spec(axes: Sequence[int]) -> dict:
     return {"by": "bbox_center"} if len(axes) == 3 else {"by": "bbox_center", "axes": list(axes)}
 
-def _g_dist_value(c, rng, focus, others=()):
-    ab = _pair(c, rng, focus)
-    if not ab: return None
-    a, b = ab
+def _pair_distance(c, rng, focus):
+    "`(a, b, axes, t)`: a drawn pair, the axes their cut leaves free (at least two) and the distance in them; or None."
+    if not (ab := _pair(c, rng, focus)): return None
     axes = _free_axes(c.cut_of(ab))
-    if len(axes) < 2: return None
-    t = box_distance(c.s(a), c.s(b), axes)
+    return None if len(axes) < 2 else (*ab, axes, box_distance(c.s(ab[0]), c.s(ab[1]), axes))
+
+def _g_dist_value(c, rng, focus, others=()):
+    if (got := _pair_distance(c, rng, focus)) is None: return None
+    a, b, axes, t = got
     spec = {"a": a, "b": b, **_dist_spec(axes)}
     return _item(c, "DIST.value", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm",
                  variants=_numeric_variants(t, _dist_tol(c.geom), "mm", rng, (0.0, 600.0), _clear(c, "DIST.value", spec, _ev_dist_value)))
@@ -136,12 +138,8 @@ def _g_dist_within(c, rng, focus, others=()):
 
 # %% ../../nbs/20_questions/05_distance.ipynb #4367856b
 def _g_dist_range(c, rng, focus, others=()):
-    ab = _pair(c, rng, focus)
-    if not ab: return None
-    a, b = ab
-    axes = _free_axes(c.cut_of(ab))
-    if len(axes) < 2: return None
-    t = box_distance(c.s(a), c.s(b), axes)
+    if (got := _pair_distance(c, rng, focus)) is None: return None
+    a, b, axes, t = got
     w = _dist_margin({**_dist_spec(axes), "margins": c.margins.for_spec([a, b], "DIST")}, a, b)
     return _item(c, "DIST.range", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, **_dist_spec(axes)}, "mm",
                  variants=_range_variants(t, tol_distance(t + w, c.geom) + w, "mm", rng))
