@@ -33,10 +33,10 @@ from .scan import Scan, Volume, read_scan, write_volume
 # %% auto #0
 __all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'present_names', 'mirror_affine', 'mirror_volume',
            'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'askable_size',
-           'resizable', 'resize_candidates', 'resize_auto', 'show_copies', 'flipped', 'counterfactual_record',
-           'pair_questions', 'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of', 'read_manifests', 'select_scans',
-           'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row', 'split_copies', 'pair_focus',
-           'flip_predicate', 'flip_predicates']
+           'resizable', 'resize_candidates', 'resize_auto', 'ladder_copies', 'show_copies', 'flipped',
+           'counterfactual_record', 'pair_questions', 'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of',
+           'read_manifests', 'select_scans', 'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row',
+           'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -317,6 +317,20 @@ def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], fa
     return [c for g in prefer for c in groups[g]]
 
 # %% ../nbs/23_counterfactual.ipynb #b190608b
+def _resize_checked(scan: Scan, ss: Mapping[str, Structure], n: str, f: float, names: Mapping | None = None,
+                    max_loss: float = 0.2, **kw) -> tuple[Scan, dict]:
+    """`resize_structure` of `n` by `f`, kept only when it takes at most `max_loss` of any other structure of `ss` (the
+    scan's measured structures), the grid scales the volume as asked (`REL_TOL`) and the new volume is plausible;
+    `CounterfactualError` saying which check failed otherwise."""
+    out, info = resize_structure(scan, n, f, names=names, **kw)
+    lost = {m: v / ss[m].voxels for m, v in info["overwritten"].items()}
+    if any(x > max_loss for x in lost.values()):
+        raise CounterfactualError(f"would take {max(lost.values()):.0%} of {max(lost, key=lost.get)}")
+    if abs(info["volume_ratio"] / info["expected_ratio"] - 1) > REL_TOL:
+        raise CounterfactualError(f"the grid scales it by {info['volume_ratio']:.3g}, not {info['expected_ratio']:.3g}")
+    if not _plausible(n, ss[n].volume_ml * info["volume_ratio"]): raise CounterfactualError("volume outside the reference range")
+    return out, info
+
 def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mapping | None = None,
                 max_loss: float = 0.2, min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS,
                 **kw) -> tuple[Scan, dict]:
@@ -324,19 +338,33 @@ def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mappi
     ss = {s.name: s for s in measure_labels(scan.labels.array, scan.labels.affine, components=False, labelmap=names)}
     tried = []
     for n, f, why in resize_candidates(ss, scan.labels.shape, factors, min_voxels, prefer):
-        try: out, info = resize_structure(scan, n, f, names=names, **kw)
+        try: out, info = _resize_checked(scan, ss, n, f, names, max_loss, **kw)
         except CounterfactualError as e:
             tried.append(f"{n} x{f:g}: {e}"); continue
-        lost = {m: v / ss[m].voxels for m, v in info["overwritten"].items()}
-        if any(x > max_loss for x in lost.values()):
-            tried.append(f"{n} x{f:g}: would take {max(lost.values()):.0%} of {max(lost, key=lost.get)}"); continue
-        if abs(info["volume_ratio"] / info["expected_ratio"] - 1) > REL_TOL:
-            tried.append(f"{n} x{f:g}: the grid scales it by {info['volume_ratio']:.3g}, not {info['expected_ratio']:.3g}"); continue
-        if not _plausible(n, ss[n].volume_ml * info["volume_ratio"]):
-            tried.append(f"{n} x{f:g}: volume outside the reference range"); continue
         info["why"], info["rejected_candidates"] = why, tried
         return out, info
     raise CounterfactualError(f"{scan.scan_id}: no structure can be resized ({'; '.join(tried) or 'no resizable structure clear of the border of the scan'})")
+
+
+# %% ../nbs/23_counterfactual.ipynb #78380d2c
+def ladder_copies(scan: Scan, targets: int = 2, factors: Sequence[float] = (1.25, 0.8), names: Mapping | None = None,
+                  max_loss: float = 0.2, min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS,
+                  **kw) -> tuple[list[tuple[Scan, dict]], list[str]]:
+    """Up to `targets` structures of `scan` (in `resize_candidates`' order), each resized by every one of `factors`, one
+    copy per factor (`<scan_id>~ladder-<name>-x<factor>`): the copies, and why the other candidates were not taken."""
+    ss = {s.name: s for s in measure_labels(scan.labels.array, scan.labels.affine, components=False, labelmap=names)}
+    cands = dict.fromkeys(n for n, _, _ in resize_candidates(ss, scan.labels.shape, factors, min_voxels, prefer))
+    out, tried = [], []
+    for n in cands:
+        if len(out) >= targets * len(factors): break
+        try: rungs = [_resize_checked(scan, ss, n, f, names, max_loss, scan_id=f"{scan.scan_id}~ladder-{n}-x{f:g}", **kw)
+                      for f in factors]
+        except CounterfactualError as e:
+            tried.append(f"{n}: {e}"); continue
+        for _, info in rungs: info["why"], info["ladder"] = "a rung of its volume ladder", True
+        out += rungs
+    return out, tried
+
 
 # %% ../nbs/23_counterfactual.ipynb #d3a673ed
 _COLOURS = np.random.default_rng(7).uniform(0.25, 1.0, (1024, 3))   # one fixed colour per label id, in every panel
@@ -414,10 +442,11 @@ def flipped(original: Mapping, counter: Mapping) -> bool:
 def counterfactual_record(record: Mapping, context: ScanContext, kind: str, source: str | None = None,
                           image: str | None = None, labels: str | None = None,
                           unpaired_sided: Iterable[str] = (), others: Mapping[str, Mapping[str, Structure]] | None = None,
-                          original: Mapping[str, Structure] | None = None) -> tuple[dict | None, str | None]:
+                          original: Mapping[str, Structure] | None = None, tag: str | None = None) -> tuple[dict | None, str | None]:
     """`record` asked on a copy whose measured structures are in `context` (a `spatialvqa.questions.choose.ScanContext`):
     `(counterfactual record, None)`, or `(None, why it cannot be paired)`. `original`: the original scan's structures;
-    a question about structures the copy leaves exactly as they were is not paired (its twin would only repeat it)."""
+    a question about structures the copy leaves exactly as they were is not paired (its twin would only repeat it).
+    `tag`: what the twin's qid ends in (`<qid>~<tag>`), where a scan has several copies of one kind; default `kind`."""
     named = _named(record)
     bad = [n for n in named if n in set(unpaired_sided)]
     if bad: return None, f"names {bad[0]}, a sided structure without mirror counterpart"
@@ -450,7 +479,7 @@ def counterfactual_record(record: Mapping, context: ScanContext, kind: str, sour
     scans = [sid] + list(record["scan_ids"][1:])
     meas = [measurement(sid, n, context.structs[n], context.geom) for n in named if n in context.structs]
     meas += [m for m in record["measurements"]["structures"] if m["scan_id"] != record["scan_id"]]
-    qid = f"{record['qid']}~{kind}"
+    qid = f"{record['qid']}~{tag or kind}"
     out = dict(record)
     out.update(qid=qid, pair_id=qid, pair_of=record["qid"], counterfactual=kind, scan_id=sid, scan_ids=scans,
                answer=answer, answer_letter=letter, answer_text=answer_text, answer_value=ev["answer_value"],
@@ -486,10 +515,11 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
     for _, s in scans.iterrows():
         sid, orig, kind = str(s["scan_id"]), _col(s, "original"), _col(s, "counterfactual")
         if orig is None or kind is None or sid not in contexts: continue
+        tag = sid[len(str(orig)) + 1:] if sid.startswith(f"{orig}~") else kind   # ladder-<name>-x<f>: one twin per rung
         unpaired = [x for x in str(_col(s, "unpaired_sided", "")).split(",") if x]
         for r in by_scan.get(str(orig), []):
             cf, why = counterfactual_record(r, contexts[sid], kind, _col(s, "source"), _col(s, "image"), _col(s, "labels"),
-                                            unpaired, others, None if others is None else others.get(str(orig)))
+                                            unpaired, others, None if others is None else others.get(str(orig)), tag)
             if cf is None: dropped.append({"qid": r["qid"], "copy": sid, "kind": kind, "task": r["task"], "reason": why})
             else: out.append(cf)
     get_logger(__name__).info("%d counterfactual questions (%d flipped), %d not paired", len(out),
@@ -563,11 +593,28 @@ def select_scans(records: Sequence[Mapping], phantoms: int = 4, seed: int = 0) -
 
 # %% ../nbs/23_counterfactual.ipynb #df62252d
 class _Job:  # picklable for worker processes
-    def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer):
+    def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer, ladders: int = 0):
         self.out, self.kinds, self.factors, self.about = str(out), tuple(kinds), tuple(factors), about
-        self.max_loss, self.min_voxels, self.prefer = max_loss, min_voxels, tuple(prefer)
+        self.max_loss, self.min_voxels, self.prefer, self.ladders = max_loss, min_voxels, tuple(prefer), int(ladders)
     def __call__(self, rec: dict) -> list[dict]:
-        return [_one_copy(rec, k, self) for k in self.kinds]
+        out = [_one_copy(rec, k, self) for k in self.kinds]
+        return out + (_ladder_entries(rec, self) if self.ladders > 0 and not is_phantom(rec) else [])
+
+def _write_copy(rec: dict, copy: Scan, info: dict, kind: str, job: _Job) -> dict:
+    "Write one copy under `job.out` and describe it (its manifest entry)."
+    d = Path(job.out) / copy.scan_id
+    d.mkdir(parents=True, exist_ok=True)
+    write_volume(copy.labels, d / "labels.nii.gz")
+    if copy.image is not None: write_volume(copy.image, d / "image.nii.gz")
+    entry = {"scan_id": copy.scan_id, "labels": f"{copy.scan_id}/labels.nii.gz",
+             "image": f"{copy.scan_id}/image.nii.gz" if copy.image is not None else None,
+             "label_names": info.pop("label_names"), "source": f"{source_of(rec)}+{kind}", "original": str(rec["scan_id"]),
+             "counterfactual": kind, "original_source": source_of(rec)}
+    for k, v in info.items():
+        if k == "kind": continue
+        if isinstance(v, list) and all(isinstance(x, str) for x in v) and k != "rejected_candidates": v = ",".join(v)
+        entry[k] = v
+    return entry
 
 def _one_copy(rec: dict, kind: str, job: _Job) -> dict:
     "Make, write and describe one copy; a copy that cannot be made comes back as `{'error': ...}`."
@@ -579,34 +626,33 @@ def _one_copy(rec: dict, kind: str, job: _Job) -> dict:
         else: raise ValueError(f"unknown counterfactual kind {kind!r}; expected one of {KINDS}")
     except CounterfactualError as e:
         return {"scan_id": f"{sid}~{kind}", "original": sid, "counterfactual": kind, "error": str(e)}
-    d = Path(job.out) / copy.scan_id
-    d.mkdir(parents=True, exist_ok=True)
-    write_volume(copy.labels, d / "labels.nii.gz")
-    if copy.image is not None: write_volume(copy.image, d / "image.nii.gz")
-    entry = {"scan_id": copy.scan_id, "labels": f"{copy.scan_id}/labels.nii.gz",
-             "image": f"{copy.scan_id}/image.nii.gz" if copy.image is not None else None,
-             "label_names": info.pop("label_names"), "source": f"{source_of(rec)}+{kind}", "original": sid,
-             "counterfactual": kind, "original_source": source_of(rec)}
-    for k, v in info.items():
-        if k == "kind": continue
-        if isinstance(v, list) and all(isinstance(x, str) for x in v) and k != "rejected_candidates": v = ",".join(v)
-        entry[k] = v
-    return entry
+    return _write_copy(rec, copy, info, kind, job)
+
+def _ladder_entries(rec: dict, job: _Job) -> list[dict]:
+    "The `ladder_copies` of a scan (resize copies), written and described; none that can be made is an error entry."
+    scan = read_scan(rec["labels"], rec.get("image") or None, str(rec["scan_id"]))
+    copies, tried = ladder_copies(scan, job.ladders, job.factors, rec.get("label_names"), job.max_loss, job.min_voxels, job.prefer)
+    if not copies: return [{"scan_id": f"{rec['scan_id']}~ladder", "original": str(rec["scan_id"]), "counterfactual": "resize",
+                            "error": f"no structure has every rung ({'; '.join(tried) or 'no candidate'})"}]
+    return [_write_copy(rec, c, info, "resize", job) for c, info in copies]
+
 
 # %% ../nbs/23_counterfactual.ipynb #31548477
 def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.PathLike, kinds: Sequence[str] = KINDS,
                          factors: Sequence[float] = (1.25, 0.8), phantoms: int = 4, seed: int = 0,
                          about: str | float = "centre", max_loss: float = 0.2, min_voxels: int = MIN_VOXELS,
-                         prefer: Sequence[str] = RESIZE_GROUPS, workers: int | None = None, scheduler: str | None = None) -> tuple[list[dict], list[dict]]:
+                         prefer: Sequence[str] = RESIZE_GROUPS, workers: int | None = None, scheduler: str | None = None,
+                         ladders: int = 0) -> tuple[list[dict], list[dict]]:
     """Write the counterfactual copies of the selected scans of `manifests` (paths, or the records themselves)
-    under `out`, with the manifest `out/scans.json` and `out/rejected.json`; returns (manifest, rejected)."""
+    under `out`, with the manifest `out/scans.json` and `out/rejected.json`; returns (manifest, rejected). `ladders`:
+    structures of every real scan that also get a `ladder_copies` rung per factor (0: none)."""
     bad = [k for k in kinds if k not in KINDS]
     if bad: raise ValueError(f"unknown counterfactual kind(s) {bad}; expected some of {KINDS}")
     recs = read_manifests(manifests) if isinstance(manifests, (str, os.PathLike)) or (
         manifests and not isinstance(manifests[0], Mapping)) else [dict(r) for r in manifests]
     chosen = select_scans(recs, phantoms, seed)
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    res = parallel_map(_Job(out, kinds, factors, about, max_loss, min_voxels, prefer), chosen, workers=workers,
+    res = parallel_map(_Job(out, kinds, factors, about, max_loss, min_voxels, prefer, ladders), chosen, workers=workers,
                        scheduler=scheduler, desc="counterfactual")
     entries, rejected = [], []
     for o in res:
@@ -671,6 +717,21 @@ def pair_focus(copy_scans: pd.DataFrame, structures: pd.DataFrame, midline_mm: f
         lat = [n for n in dict.fromkeys(lateral[o]) if n not in targets[o]]
         out[o] = lat + [t for t in dict.fromkeys(targets[o]) for _ in range(max(1, len(lat)))]
     return out
+
+# %% ../nbs/23_counterfactual.ipynb #8943b369
+def ladder_steps(copy_scans: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per original scan and ladder target (`ladder_copies`; `copy_scans`: the measure stage's scans table of the copies),
+    the ratio between neighbouring volume options that puts the grown and the shrunk copy each on a neighbour of the
+    key: the geometric mean of the measured volume ratios (voxels after / before) up and 1 / down."""
+    up, down = defaultdict(list), defaultdict(list)
+    for _, s in copy_scans.iterrows():
+        if not _col(s, "ladder") or _col(s, "target") is None: continue
+        key = (str(s["original"]), str(s["target"]))
+        (up if float(s["factor"]) > 1 else down)[key].append(float(s["volume_ratio"]))
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for o, t in sorted(set(up) & set(down)): out[o][t] = math.sqrt(max(up[o, t]) / min(down[o, t]))
+    return dict(out)
+
 
 # %% ../nbs/23_counterfactual.ipynb #cfbd9d3e
 def _item_names(it: Mapping) -> list[str]:

@@ -126,7 +126,7 @@ def _g_vol_value(c, rng, focus, others=()):
     s = c.s(a)
     return _item(c, "VOL.value", [a], {"a": c.name(a)}, {"a": a}, "mL",
                  variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, plausible_volume(a, bool(c.cut_of([a]))),
-                                            _clear(c, "VOL.value", {"a": a}, _ev_vol_value)))
+                                            _clear(c, "VOL.value", {"a": a}, _ev_vol_value), c.steps.get(a)))
 
 def _g_vol_range(c, rng, focus, others=()):
     a = _one(c, rng, focus)
