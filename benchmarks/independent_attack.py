@@ -271,7 +271,7 @@ def atlas_one(r, scans):
     st, sp, q = r["subtask"], r.get("spec") or {}, r["question"]
     def vols(name):
         return [DB[s][name]["volume_ml"] for s in scans if name in DB[s]]
-    if st in ("VOL.range", "VOL.value"):
+    if st in ("VOL.range", "VOL.value", "VOL.closest"):
         e = med(vols(sp["a"]));  return None if e is None else pick_closest_value(r, e)
     if st in ("VOL.sum", "VOL.difference"):
         a, b = med(vols(sp["a"])), med(vols(sp["b"]))

@@ -242,8 +242,8 @@ def atlas_scores(r):
             z = np.array([-np.abs(np.log(np.array(triple(o)) / e)).sum() if triple(o) else -9 for o in opts])
         elif st == "EXT.max_extent":
             z = np.array([ext(k[0])[2] if k else -1 for k in OS])
-        elif st in ("VOL.value", "VOL.range"):
-            z = near_scores(opts, vol(S[0])) if st == "VOL.value" else range_scores(opts, vol(S[0]))
+        elif st in ("VOL.value", "VOL.closest", "VOL.range"):
+            z = range_scores(opts, vol(S[0])) if st == "VOL.range" else near_scores(opts, vol(S[0]))
         elif st == "VOL.sum":
             z = near_scores(opts, vol(S[0]) + vol(S[1]))
         elif st == "VOL.difference":
@@ -595,7 +595,7 @@ def structure_rule(r, F, atlas):
     if all("perm_of_other" in f for f in F):
         sh = np.array([f["shared_comp"] for f in F], float)
         return sh + 0.01 * softmax4(atlas[r.Index])[0]
-    if all("gap_min" in f for f in F) and r.subtask in ("EXT.value", "VOL.value", "DIST.value", "VOL.sum",
+    if all("gap_min" in f for f in F) and r.subtask in ("EXT.value", "VOL.value", "VOL.closest", "DIST.value", "VOL.sum",
                                                             "VOL.difference"):
         return np.array([f["gap_min"] for f in F])
     return np.zeros(4)

@@ -31,12 +31,12 @@ from .questions.generate import contexts_from_tables, measured_structure, measur
 from .scan import Scan, Volume, read_scan, write_volume
 
 # %% auto #0
-__all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'present_names', 'mirror_affine', 'mirror_volume',
-           'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError', 'resize_structure', 'askable_size',
-           'resizable', 'resize_candidates', 'resize_auto', 'ladder_copies', 'show_copies', 'flipped',
-           'counterfactual_record', 'pair_questions', 'pair_frame', 'pair_accuracy', 'is_phantom', 'source_of',
-           'read_manifests', 'select_scans', 'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row',
-           'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
+__all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'LADDER_FACTORS', 'LADDER_TASKS', 'present_names',
+           'mirror_affine', 'mirror_volume', 'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError',
+           'resize_structure', 'askable_size', 'resizable', 'resize_candidates', 'resize_auto', 'ladder_copies',
+           'show_copies', 'flipped', 'counterfactual_record', 'pair_questions', 'pair_frame', 'pair_accuracy',
+           'is_phantom', 'source_of', 'read_manifests', 'select_scans', 'make_counterfactuals', 'scan_family',
+           'pair_key', 'is_copy_row', 'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -347,7 +347,9 @@ def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mappi
 
 
 # %% ../nbs/23_counterfactual.ipynb #78380d2c
-def ladder_copies(scan: Scan, targets: int = 2, factors: Sequence[float] = (1.25, 0.8), names: Mapping | None = None,
+LADDER_FACTORS = (1.32, 0.76)   # linear: volume x2.30 and x0.44, a step wider than a parotid's closest-value band needs (x2.14)
+
+def ladder_copies(scan: Scan, targets: int = 2, factors: Sequence[float] = LADDER_FACTORS, names: Mapping | None = None,
                   max_loss: float = 0.2, min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS,
                   **kw) -> tuple[list[tuple[Scan, dict]], list[str]]:
     """Up to `targets` structures of `scan` (in `resize_candidates`' order), each resized by every one of `factors`, one
@@ -497,13 +499,15 @@ def _col(r, k, default=None):
     v = r.get(k, default)
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
+LADDER_TASKS = ("EXT", "VOL", "COMP", "VOLEST")   # what a ladder rung changes: sizes (a centre barely moves)
+
 def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: pd.DataFrame,
                    originals: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS) -> tuple[list[dict], pd.DataFrame]:
     """The counterfactual record of every question of `records` on every copy of its scan measured in
     `structures`/`scans` (the measure stage's tables of the counterfactual manifest), and a table of the
     questions that could not be paired (`qid`, `copy`, `kind`, `reason`). Records sorted by qid. With `originals`
     (the originals' structures table), a question whose structures the copy leaves unchanged (a resize far from
-    them) is not paired."""
+    them) is not paired; a ladder rung (`ladder_copies`) pairs only the size questions (`LADDER_TASKS`) about its own structure."""
     contexts = contexts_from_tables(structures, scans, min_voxels)
     others = None
     if originals is not None:
@@ -518,6 +522,7 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
         tag = sid[len(str(orig)) + 1:] if sid.startswith(f"{orig}~") else kind   # ladder-<name>-x<f>: one twin per rung
         unpaired = [x for x in str(_col(s, "unpaired_sided", "")).split(",") if x]
         for r in by_scan.get(str(orig), []):
+            if _col(s, "ladder") and (_col(s, "target") not in _named(r) or r["task"] not in LADDER_TASKS): continue
             cf, why = counterfactual_record(r, contexts[sid], kind, _col(s, "source"), _col(s, "image"), _col(s, "labels"),
                                             unpaired, others, None if others is None else others.get(str(orig)), tag)
             if cf is None: dropped.append({"qid": r["qid"], "copy": sid, "kind": kind, "task": r["task"], "reason": why})
@@ -593,9 +598,10 @@ def select_scans(records: Sequence[Mapping], phantoms: int = 4, seed: int = 0) -
 
 # %% ../nbs/23_counterfactual.ipynb #df62252d
 class _Job:  # picklable for worker processes
-    def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer, ladders: int = 0):
+    def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer, ladders: int = 0, ladder_factors=LADDER_FACTORS):
         self.out, self.kinds, self.factors, self.about = str(out), tuple(kinds), tuple(factors), about
         self.max_loss, self.min_voxels, self.prefer, self.ladders = max_loss, min_voxels, tuple(prefer), int(ladders)
+        self.ladder_factors = tuple(ladder_factors)
     def __call__(self, rec: dict) -> list[dict]:
         out = [_one_copy(rec, k, self) for k in self.kinds]
         return out + (_ladder_entries(rec, self) if self.ladders > 0 and not is_phantom(rec) else [])
@@ -631,7 +637,7 @@ def _one_copy(rec: dict, kind: str, job: _Job) -> dict:
 def _ladder_entries(rec: dict, job: _Job) -> list[dict]:
     "The `ladder_copies` of a scan (resize copies), written and described; none that can be made is an error entry."
     scan = read_scan(rec["labels"], rec.get("image") or None, str(rec["scan_id"]))
-    copies, tried = ladder_copies(scan, job.ladders, job.factors, rec.get("label_names"), job.max_loss, job.min_voxels, job.prefer)
+    copies, tried = ladder_copies(scan, job.ladders, job.ladder_factors, rec.get("label_names"), job.max_loss, job.min_voxels, job.prefer)
     if not copies: return [{"scan_id": f"{rec['scan_id']}~ladder", "original": str(rec["scan_id"]), "counterfactual": "resize",
                             "error": f"no structure has every rung ({'; '.join(tried) or 'no candidate'})"}]
     return [_write_copy(rec, c, info, "resize", job) for c, info in copies]
@@ -642,17 +648,17 @@ def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.
                          factors: Sequence[float] = (1.25, 0.8), phantoms: int = 4, seed: int = 0,
                          about: str | float = "centre", max_loss: float = 0.2, min_voxels: int = MIN_VOXELS,
                          prefer: Sequence[str] = RESIZE_GROUPS, workers: int | None = None, scheduler: str | None = None,
-                         ladders: int = 0) -> tuple[list[dict], list[dict]]:
+                         ladders: int = 0, ladder_factors: Sequence[float] = LADDER_FACTORS) -> tuple[list[dict], list[dict]]:
     """Write the counterfactual copies of the selected scans of `manifests` (paths, or the records themselves)
     under `out`, with the manifest `out/scans.json` and `out/rejected.json`; returns (manifest, rejected). `ladders`:
-    structures of every real scan that also get a `ladder_copies` rung per factor (0: none)."""
+    structures of every real scan that also get a `ladder_copies` rung per factor of `ladder_factors` (0: none)."""
     bad = [k for k in kinds if k not in KINDS]
     if bad: raise ValueError(f"unknown counterfactual kind(s) {bad}; expected some of {KINDS}")
     recs = read_manifests(manifests) if isinstance(manifests, (str, os.PathLike)) or (
         manifests and not isinstance(manifests[0], Mapping)) else [dict(r) for r in manifests]
     chosen = select_scans(recs, phantoms, seed)
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    res = parallel_map(_Job(out, kinds, factors, about, max_loss, min_voxels, prefer, ladders), chosen, workers=workers,
+    res = parallel_map(_Job(out, kinds, factors, about, max_loss, min_voxels, prefer, ladders, ladder_factors), chosen, workers=workers,
                        scheduler=scheduler, desc="counterfactual")
     entries, rejected = [], []
     for o in res:

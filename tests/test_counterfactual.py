@@ -467,24 +467,24 @@ def test_resize_flips_in_the_pipeline():
 
 def test_ladder_rungs_move_the_volume_key_one_option(tmp_path, phantom_scan):
     """`ladders`: a real scan's structure grown and shrunk by the factors (one copy per rung), the generator told the
-    rungs' ratio (`ladder_steps`): a VOL.value question about it has options that ratio apart, and its twins on the
+    rungs' ratio (`ladder_steps`): a VOL.closest question about it has options that ratio apart, and its twins on the
     rungs have their keys on the options just above and below, the text unchanged."""
     d = tmp_path
     (d / "orig").mkdir()
     write_volume(phantom_scan.labels, d / "orig" / "labels.nii.gz")
     write_json([{"scan_id": "lad", "labels": "labels.nii.gz", "source": "realish"}], d / "orig" / "scans.json")
     entries, rejected = CF.make_counterfactuals([d / "orig" / "scans.json"], d / "cf", kinds=[], ladders=1, workers=0)
-    assert rejected == [] and len(entries) == 2 and {e["factor"] for e in entries} == {1.25, 0.8}
+    assert rejected == [] and len(entries) == 2 and {e["factor"] for e in entries} == set(CF.LADDER_FACTORS)
     target = entries[0]["target"]
-    assert {e["scan_id"] for e in entries} == {f"lad~ladder-{target}-x1.25", f"lad~ladder-{target}-x0.8"}
+    assert {e["scan_id"] for e in entries} == {f"lad~ladder-{target}-x{f:g}" for f in CF.LADDER_FACTORS}
     tab, scans, _ = measure_manifests([d / "orig" / "scans.json"], workers=0)
     ctab, cscans, _ = measure_manifests([d / "cf" / "scans.json"], workers=0)
     steps = CF.ladder_steps(cscans)
-    assert set(steps) == {"lad"} and set(steps["lad"]) == {target} and 1.8 < steps["lad"][target] < 2.1
+    assert set(steps) == {"lad"} and set(steps["lad"]) == {target} and 2.1 < steps["lad"][target] < 2.5
     recs = generate_questions(tab, seed=0, scans=scans, per_scan={"VOL": 40}, tasks=("VOL",), focus={"lad": [target]},
                               focus_share=1.0, steps=steps)
-    asked = [r for r in recs if r["subtask"] == "VOL.value" and r["spec"]["a"] == target]
-    assert asked, "no VOL.value question about the ladder's structure"
+    asked = [r for r in recs if r["subtask"] == "VOL.closest" and r["spec"]["a"] == target]
+    assert asked, "no VOL.closest question about the ladder's structure"
     pairs, _ = CF.pair_questions(asked, ctab, cscans, originals=tab)
     moved = 0
     for r in asked:
@@ -494,7 +494,7 @@ def test_ladder_rungs_move_the_volume_key_one_option(tmp_path, phantom_scan):
         k = LETTERS.index(r["answer_letter"])
         for p in (p for p in pairs if p["pair_of"] == r["qid"]):
             assert p["question"] == r["question"] and p["options"] == r["options"]
-            grown = p["qid"].endswith("x1.25")
+            grown = p["qid"].endswith(f"x{CF.LADDER_FACTORS[0]:g}")
             want = k + (1 if (vals[-1] > vals[0]) == grown else -1)
             assert LETTERS.index(p["answer_letter"]) == want and p["flipped"]
             moved += 1

@@ -121,6 +121,11 @@ def test_numeric_answers_from_raw_voxels(cohort):
         if sub in ("VOL.value", "VOL.range", "VOLEST.absolute"): want = m.volume_ml(lab(r, sp["a"]))
         elif sub == "VOL.sum": want = m.volume_ml(lab(r, sp["a"])) + m.volume_ml(lab(r, sp["b"]))
         elif sub == "VOL.difference": want = m.volume_ml(lab(r, sp["a"])) - m.volume_ml(lab(r, sp["b"]))
+        elif sub == "VOL.closest":                                   # the correct option is the nearest to the volume, in log
+            v = m.volume_ml(lab(r, sp["a"]))
+            assert int(np.argmin([abs(math.log(o / v)) for o in sp["options"]])) == "ABCD".index(r["answer_letter"]), r["qid"]
+            n += 1
+            continue
         elif sub == "VOLEST.ratio": want = m.volume_ml(lab(r, sp["a"])) / m.volume_ml(lab(r, sp["b"]))
         elif sub == "VOLEST.cross_case":
             l = lab(r, sp["a"])

@@ -51,28 +51,26 @@ def ladder_ratios(c: float, tol: Callable[[float], float],
     up = _min_ratio(lambda r: _num_distinct(c * r, c, tol) and far(c * r), r0)
     return down, up
 
-def _step(down: float | None, up: float | None, k: int, rng, fixed: float | None = None) -> float | None:
+def _step(down: float | None, up: float | None, k: int, rng) -> float | None:
     """The ratio between neighbouring options when the key sits at position `k`: the larger of the ratios the sides it
     uses need (`ladder_ratios`: below when k > 0, above when k < 3), times a random factor up to `LADDER_JITTER`; None
-    when a side it needs has none. `fixed`: this ratio instead (a ladder copy's), where it is at least what is needed."""
+    when a side it needs has none."""
     need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
-    if None in need: return None
-    if fixed is not None and fixed >= max(need): return float(fixed)
-    return max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+    return None if None in need else max(need) * float(rng.uniform(1.0, LADDER_JITTER))
 
 # %% ../../nbs/20_questions/03_distractors.ipynb #c3e1f977
 def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
             bounds: tuple[float, float] | None = None, clear: Callable[[float], bool] | None = None,
-            ratios: tuple[float | None, float | None] | None = None, step: float | None = None) -> list[float] | None:
+            ratios: tuple[float | None, float | None] | None = None) -> list[float] | None:
     """Four shown values in ascending order, evenly spaced in log scale, with the (shown) true value `t` at index `k`:
     neighbours differ by one ratio, the larger of `ladder_ratios` on the sides the ladder uses, times a random factor up
     to `LADDER_JITTER`. Every value lies within `bounds` (the plausible range of the quantity; None: unbounded), every
     two are clearly distinct and, with `clear`, every distractor is wrong for every measurement within the margins
-    (`_clear`). `ratios`: `ladder_ratios`' answer when the caller has it; `step`: the ratio to use where it is wide enough."""
+    (`_clear`). `ratios`: `ladder_ratios`' answer when the caller has it."""
     c = shown(t, unit)
     if c <= 0 or _num_truth(c, t, tol) is not True: return None    # a value shown as 0 has no ladder (and no ratio)
     down, up = ladder_ratios(c, tol, clear) if ratios is None else ratios
-    if (r := _step(down, up, k, rng, step)) is None: return None
+    if (r := _step(down, up, k, rng)) is None: return None
     vals = [c if i == k else shown(c * r ** (i - k), unit) for i in range(4)]
     if min(vals) <= 0 or any(not _num_distinct(y, x, tol) for x, y in zip(vals, vals[1:])): return None
     if bounds is not None and not all(min(bounds[0], t) <= v <= max(bounds[1], t) for v in vals): return None
@@ -89,9 +87,9 @@ def _both_orders(variants: list[list[dict] | None]) -> list[list[dict] | None]:
         if v is not None and out[3 - k] is None: out[3 - k] = v[::-1]
     return out
 
-def _numeric_variants(t, tol, unit, rng, bounds=None, clear=None, step=None) -> list[list[dict] | None]:
+def _numeric_variants(t, tol, unit, rng, bounds=None, clear=None) -> list[list[dict] | None]:
     """For each correct position 0-3, the four numeric options (ascending, or descending where only that fits) within
-    `bounds`, or None where no ladder fits; the ratios are searched once for all four. `step`: see `_ladder`."""
+    `bounds`, or None where no ladder fits; the ratios are searched once for all four."""
     c = shown(t, unit)
     if c <= 0: ratios = (None, None)
     elif (memo := getattr(clear, "memo", None)) is not None:
@@ -99,7 +97,7 @@ def _numeric_variants(t, tol, unit, rng, bounds=None, clear=None, step=None) -> 
     else: ratios = ladder_ratios(c, tol, clear)
     out = []
     for k in range(4):
-        v = _ladder(t, k, tol, unit, rng, bounds, clear, ratios, step)
+        v = _ladder(t, k, tol, unit, rng, bounds, clear, ratios)
         out.append(None if v is None else [{"key": x, "text": fmt_number(x, unit)} for x in v])
     return _both_orders(out)
 

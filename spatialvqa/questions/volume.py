@@ -11,13 +11,13 @@ import itertools
 import math
 
 from ..measure import Structure
-from .core import REL_TOL, THR_RATIO, Subtask, _mg, _num_truth, _scaled, _side_of, _vol_rel, tol_volume, vol_larger
+from .core import MIN_RATIO, REL_TOL, THR_RATIO, Subtask, _mg, fmt_number, shown, _num_truth, _scaled, _side_of, _vol_rel, tol_volume, vol_larger
 from .readings import _both, _ev_range
 from .choose import _item, _one, _pick_set, _related_pair, plausible_volume
-from .distractors import _clear, _edge, _numeric_variants, _range_variants, _threshold
+from .distractors import LADDER_JITTER, _both_orders, _clear, _edge, _numeric_variants, _range_variants, _threshold
 
 # %% auto #0
-__all__ = ['VOL_TEMPLATES', 'VOL_SUBTASKS']
+__all__ = ['VOL_TEMPLATES', 'CLOSEST_SLACK', 'VOL_SUBTASKS']
 
 # %% ../../nbs/20_questions/07_volume.ipynb #8b988f94
 VOL_TEMPLATES: dict[str, list[str]] = {
@@ -37,6 +37,9 @@ VOL_TEMPLATES: dict[str, list[str]] = {
     "VOL.difference": [
         "By how much does the volume of {a} exceed that of {b}?",
         "What is the difference in volume between {a} and {b}?"],
+    "VOL.closest": [
+        "Which of these values is closest to the volume of {a}?",
+        "Of these values, which lies nearest to the volume of {a}?"],
 }
 _VOL_CONVENTION = "Volumes are in millilitres (voxel count times voxel volume)."
 
@@ -119,6 +122,22 @@ def _ev_vol_sum(spec, S, G, robust=False): return _judged(_vol_sum, spec, S, G, 
 
 def _ev_vol_difference(spec, S, G, robust=False): return _judged(_vol_difference, spec, S, G, [spec["a"], spec["b"]], robust)
 
+# %% ../../nbs/20_questions/07_volume.ipynb #53e754ef
+def _closest_band(spec: dict, s: Structure) -> float:
+    "Where another measurement of `s`'s volume may lie, as a log half-width: its inter-reader margin or its grid tolerance, the wider."
+    return max(_mg(spec, "volume", spec["a"]), math.log1p(_vol_rel(s)))
+
+def _ev_vol_closest(spec, S, G, robust=False):
+    """Per option: True when it is the option nearest (in log) to every volume within the band, None when it is the
+    nearest to some of them, False otherwise (the band always applies: `robust` changes nothing)."""
+    s, opts = S[0][spec["a"]], spec["options"]
+    w = _closest_band(spec, s)
+    near = lambda v: min(range(len(opts)), key=lambda i: abs(math.log(opts[i] / v)))
+    lo, hi = sorted((near(s.volume_ml * math.exp(-w)), near(s.volume_ml * math.exp(w))))   # a ladder: nearest moves monotonically
+    return [lo == hi == i if lo == hi or not lo <= i <= hi else None for i in range(len(opts))], s.volume_ml, \
+        {"volume_ml": s.volume_ml, "band": w}
+
+
 # %% ../../nbs/20_questions/07_volume.ipynb #03f567ef
 def _g_vol_value(c, rng, focus, others=()):
     a = _one(c, rng, focus)
@@ -126,7 +145,7 @@ def _g_vol_value(c, rng, focus, others=()):
     s = c.s(a)
     return _item(c, "VOL.value", [a], {"a": c.name(a)}, {"a": a}, "mL",
                  variants=_numeric_variants(s.volume_ml, _vol_tol(s), "mL", rng, plausible_volume(a, bool(c.cut_of([a]))),
-                                            _clear(c, "VOL.value", {"a": a}, _ev_vol_value), c.steps.get(a)))
+                                            _clear(c, "VOL.value", {"a": a}, _ev_vol_value)))
 
 def _g_vol_range(c, rng, focus, others=()):
     a = _one(c, rng, focus)
@@ -179,6 +198,30 @@ def _g_vol_difference(c, rng, focus, others=()):
                  variants=_numeric_variants(t, lambda x: max(floor, REL_TOL * abs(x)), "mL", rng, None if ra is None else (0.0, ra[1]),
                                             _clear(c, "VOL.difference", {"a": a, "b": b}, _ev_vol_difference)))
 
+# %% ../../nbs/20_questions/07_volume.ipynb #b08dd438
+CLOSEST_SLACK = 1.03   # the step between closest-value options: exp(2 x band) times at least this (the shown values are rounded)
+
+def _closest_ladder(t: float, k: int, r: float, bounds: tuple[float, float] | None) -> list[dict] | None:
+    "Four shown volumes `r` apart with `t` at index `k`, ascending; None where two coincide or one leaves `bounds`."
+    vals = [shown(t * r ** (i - k), "mL") for i in range(4)]
+    if len(set(vals)) < 4 or min(vals) <= 0: return None
+    if bounds is not None and not all(min(bounds[0], t) <= v <= max(bounds[1], t) for v in vals): return None
+    return [{"key": v, "text": fmt_number(v, "mL")} for v in vals]
+
+def _g_vol_closest(c, rng, focus, others=()):
+    a = _one(c, rng, focus)
+    if not a: return None
+    s = c.s(a)
+    need = max(MIN_RATIO * 1.02, math.exp(2 * _closest_band({"a": a, "margins": c.margins.for_spec([a], "VOL")}, s)) * CLOSEST_SLACK)
+    step = c.steps.get(a)
+    rungs = step is not None and step >= need        # ladder copies: the key inside, both rungs options
+    r = step if rungs else need * float(rng.uniform(1.0, LADDER_JITTER))
+    bounds = plausible_volume(a, bool(c.cut_of([a])))
+    variants = _both_orders([_closest_ladder(s.volume_ml, k, r, bounds) if not rungs or k in (1, 2) else None for k in range(4)])
+    if not any(variants): return None
+    return _item(c, "VOL.closest", [a], {"a": c.name(a)}, {"a": a}, "mL", variants=variants)
+
+
 # %% ../../nbs/20_questions/07_volume.ipynb #0b98f0b1
 VOL_SUBTASKS = (
     Subtask("VOL.value", VOL_TEMPLATES["VOL.value"], _VOL_CONVENTION, _ev_vol_value, _g_vol_value, "any"),
@@ -186,4 +229,5 @@ VOL_SUBTASKS = (
     Subtask("VOL.threshold", VOL_TEMPLATES["VOL.threshold"], _VOL_CONVENTION, _ev_vol_threshold, _g_vol_threshold, None),
     Subtask("VOL.sum", VOL_TEMPLATES["VOL.sum"], _VOL_CONVENTION, _ev_vol_sum, _g_vol_sum, "related"),
     Subtask("VOL.difference", VOL_TEMPLATES["VOL.difference"], _VOL_CONVENTION, _ev_vol_difference, _g_vol_difference, None),
+    Subtask("VOL.closest", VOL_TEMPLATES["VOL.closest"], _VOL_CONVENTION, _ev_vol_closest, _g_vol_closest, "any"),
 )

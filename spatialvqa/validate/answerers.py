@@ -494,7 +494,7 @@ def _rank(self: TextbookAnswerer, r: dict) -> int | None:
             for i, o in enumerate(opts):
                 v = [tv(n) for n in o][:: sp["sense"]]
                 if all(x >= y for x, y in zip(v, v[1:])): return i
-        if sub == "VOL.value": return int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))
+        if sub in ("VOL.value", "VOL.closest"): return int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))
         if sub == "VOL.range":
             t = tv(sp["a"])
             for i, (lo, hi) in enumerate(opts):
