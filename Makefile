@@ -23,11 +23,13 @@ setup: $(VENV)/.setup-done
 # Nothing is byte-compiled here: the recipes below let Python write bytecode (unexport PYTHONDONTWRITEBYTECODE), so
 # only what is imported gets compiled, once, instead of all of site-packages (compileall took 24 s of setup).
 UV_PIP = $(VENV)/bin/uv pip install --python $(PY) -q
-$(VENV)/.setup-done: pyproject.toml scripts/setup_wordnet.sh scripts/setup_docs.sh
+$(VENV)/.setup-done: pyproject.toml constraints.txt scripts/setup_wordnet.sh scripts/setup_docs.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile torch==2.13.0
 	$(PY) -m pip install -q --no-compile uv || echo "setup: uv could not be installed; pip installs the rest"
-	$(UV_PIP) -e ".[dev]" || $(PY) -m pip install -q --no-compile -e ".[dev]"
+	# constraints.txt: the versions the committed results were made with (a new release of numpy or scipy moves the last
+	# digit of a measurement, and with it which questions the filter keeps)
+	$(UV_PIP) -c constraints.txt -e ".[dev]" || $(PY) -m pip install -q --no-compile -c constraints.txt -e ".[dev]"
 	# only the label table of TotalSegmentator is used (a test checks ours against it); no torch/nnU-Net
 	$(UV_PIP) --no-deps "totalsegmentator==2.18.0" || $(PY) -m pip install -q --no-compile --no-deps "totalsegmentator==2.18.0"
 	$(PY) -m ipykernel install --sys-prefix --name spatialvqa --display-name "Python (spatialvqa)" >/dev/null

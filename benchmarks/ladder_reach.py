@@ -58,7 +58,8 @@ def needs(c, names) -> dict[str, tuple[float | None, float | None]]:
 def reach(rec: dict, names, factors, max_loss: float) -> dict[tuple[str, float], float | None]:
     "Per (structure, linear factor): the volume ratio of the resize where it passes the checks, else None."
     scan = read_scan(rec["labels"], rec.get("image") or None, str(rec["scan_id"]))
-    ss = {s.name: s for s in measure_labels(scan.labels.array, scan.labels.affine, components=False, labelmap=rec.get("label_names"))}
+    lab = scan.labels
+    ss = {s.name: s for s in measure_labels(lab.array, lab.affine, components=False, labelmap=rec.get("label_names"))}
     out = {}
     for n in names:
         for f in factors:
@@ -75,7 +76,7 @@ def main(argv=None):
     ap.add_argument("--manifest", type=Path, default=root / "data/scans/scans.json")
     ap.add_argument("--params", type=Path, default=root / "params.yaml")
     ap.add_argument("--patients", type=int, default=30, help="OpenKBP patients resized (drawn with --seed; 0: all 116)")
-    ap.add_argument("--factors", default="1.25,1.32,1.45", help="linear factors above 1; each is tried with its inverse")
+    ap.add_argument("--factors", default="1.25,1.32,1.45", help="linear factors above 1, each tried with its inverse")
     ap.add_argument("--max-loss", type=float, default=None, help="default: params.yaml counterfactual.max_loss")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -93,7 +94,8 @@ def main(argv=None):
     names = sorted({n for c in ctx.values() for n in c.pool if resizable(n)})
     recs = {str(r["scan_id"]): r for r in read_manifests([args.manifest]) if str(r["scan_id"]) in ctx}
     ids = sorted(recs)
-    if 0 < args.patients < len(ids): ids = sorted(np.random.default_rng(args.seed).choice(ids, args.patients, replace=False).tolist())
+    if 0 < args.patients < len(ids):
+        ids = sorted(np.random.default_rng(args.seed).choice(ids, args.patients, replace=False).tolist())
     need = {sid: needs(ctx[sid], names) for sid in ctx}
     got = {sid: reach(recs[sid], names, factors, max_loss) for sid in ids}
     rows = []
@@ -109,7 +111,8 @@ def main(argv=None):
             row[f"x{f:.3g}"] = f"{np.median(ok):.2f} ({len(ok)}/{len(r)})" if ok else f"- (0/{len(r)})"
         rows.append(row)
     df = pd.DataFrame(rows)
-    print(f"OpenKBP: VOL.value ladder steps needed ({len(ctx)} patients) and what a resize reaches ({len(ids)} patients,"
+    print(f"OpenKBP: VOL.value ladder steps needed ({len(ctx)} patients) and what a resize reaches "
+          f"({len(ids)} patients,"
           f" max_loss {max_loss}): volume ratio, median (patients where both the resize passes)")
     print(df.to_markdown(index=False, floatfmt=".2f"))
     for n, r in zip(names, rows):

@@ -595,8 +595,8 @@ def structure_rule(r, F, atlas):
     if all("perm_of_other" in f for f in F):
         sh = np.array([f["shared_comp"] for f in F], float)
         return sh + 0.01 * softmax4(atlas[r.Index])[0]
-    if all("gap_min" in f for f in F) and r.subtask in ("EXT.value", "VOL.value", "VOL.closest", "DIST.value", "VOL.sum",
-                                                            "VOL.difference"):
+    if all("gap_min" in f for f in F) and r.subtask in ("EXT.value", "VOL.value", "VOL.closest", "DIST.value",
+                                                            "VOL.sum", "VOL.difference"):
         return np.array([f["gap_min"] for f in F])
     return np.zeros(4)
 

@@ -34,9 +34,9 @@ from .scan import Scan, Volume, read_scan, write_volume
 __all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'LADDER_FACTORS', 'LADDER_TASKS', 'present_names',
            'mirror_affine', 'mirror_volume', 'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError',
            'resize_structure', 'askable_size', 'resizable', 'resize_candidates', 'resize_auto', 'ladder_copies',
-           'show_copies', 'flipped', 'counterfactual_record', 'pair_questions', 'pair_frame', 'pair_accuracy',
-           'is_phantom', 'source_of', 'read_manifests', 'select_scans', 'make_counterfactuals', 'scan_family',
-           'pair_key', 'is_copy_row', 'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
+           'show_copies', 'flipped', 'counterfactual_record', 'pair_questions', 'is_phantom', 'source_of',
+           'read_manifests', 'select_scans', 'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row',
+           'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -328,7 +328,8 @@ def _resize_checked(scan: Scan, ss: Mapping[str, Structure], n: str, f: float, n
         raise CounterfactualError(f"would take {max(lost.values()):.0%} of {max(lost, key=lost.get)}")
     if abs(info["volume_ratio"] / info["expected_ratio"] - 1) > REL_TOL:
         raise CounterfactualError(f"the grid scales it by {info['volume_ratio']:.3g}, not {info['expected_ratio']:.3g}")
-    if not _plausible(n, ss[n].volume_ml * info["volume_ratio"]): raise CounterfactualError("volume outside the reference range")
+    if not _plausible(n, ss[n].volume_ml * info["volume_ratio"]):
+        raise CounterfactualError("volume outside the reference range")
     return out, info
 
 def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mapping | None = None,
@@ -347,7 +348,8 @@ def resize_auto(scan: Scan, factors: Sequence[float] = (1.25, 0.8), names: Mappi
 
 
 # %% ../nbs/23_counterfactual.ipynb #78380d2c
-LADDER_FACTORS = (1.32, 0.76)   # linear: volume x2.30 and x0.44, a step wider than a parotid's closest-value band needs (x2.14)
+# linear: volume x2.30 and x0.44, a step wider than a parotid's closest-value band needs (x2.14)
+LADDER_FACTORS = (1.32, 0.76)
 
 def ladder_copies(scan: Scan, targets: int = 2, factors: Sequence[float] = LADDER_FACTORS, names: Mapping | None = None,
                   max_loss: float = 0.2, min_voxels: int = MIN_VOXELS, prefer: Sequence[str] = RESIZE_GROUPS,
@@ -359,8 +361,8 @@ def ladder_copies(scan: Scan, targets: int = 2, factors: Sequence[float] = LADDE
     out, tried = [], []
     for n in cands:
         if len(out) >= targets * len(factors): break
-        try: rungs = [_resize_checked(scan, ss, n, f, names, max_loss, scan_id=f"{scan.scan_id}~ladder-{n}-x{f:g}", **kw)
-                      for f in factors]
+        try: rungs = [_resize_checked(scan, ss, n, f, names, max_loss, scan_id=f"{scan.scan_id}~ladder-{n}-x{f:g}",
+                                      **kw) for f in factors]
         except CounterfactualError as e:
             tried.append(f"{n}: {e}"); continue
         for _, info in rungs: info["why"], info["ladder"] = "a rung of its volume ladder", True
@@ -507,7 +509,8 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
     `structures`/`scans` (the measure stage's tables of the counterfactual manifest), and a table of the
     questions that could not be paired (`qid`, `copy`, `kind`, `reason`). Records sorted by qid. With `originals`
     (the originals' structures table), a question whose structures the copy leaves unchanged (a resize far from
-    them) is not paired; a ladder rung (`ladder_copies`) pairs only the size questions (`LADDER_TASKS`) about its own structure."""
+    them) is not paired; a ladder rung (`ladder_copies`) pairs only the size questions (`LADDER_TASKS`) about its own
+    structure."""
     contexts = contexts_from_tables(structures, scans, min_voxels)
     others = None
     if originals is not None:
@@ -530,37 +533,6 @@ def pair_questions(records: Sequence[Mapping], structures: pd.DataFrame, scans: 
     get_logger(__name__).info("%d counterfactual questions (%d flipped), %d not paired", len(out),
                               sum(r["flipped"] for r in out), len(dropped))
     return sorted(out, key=lambda r: r["qid"]), pd.DataFrame(dropped, columns=["qid", "copy", "kind", "task", "reason"])
-
-# %% ../nbs/23_counterfactual.ipynb #a8a052e9
-def pair_frame(counterfactuals: Iterable[Mapping]) -> pd.DataFrame:
-    "Both members of every pair: `pair_id`, `qid`, `member` ('original' | 'counterfactual'), `kind`, `task`, `flipped`."
-    rows = []
-    for r in counterfactuals:
-        for member, q in (("original", r["pair_of"]), ("counterfactual", r["qid"])):
-            rows.append({"pair_id": r["pair_id"], "qid": q, "member": member, "kind": r["counterfactual"],
-                         "task": r["task"], "flipped": bool(r["flipped"])})
-    return pd.DataFrame(rows, columns=["pair_id", "qid", "member", "kind", "task", "flipped"])
-
-def pair_accuracy(scored: pd.DataFrame, by: str | Sequence[str] | None = None) -> pd.DataFrame:
-    """Pair accuracy of scored pair members (`qid`, `pair_id`, `correct`, optional `flipped`), overall or per `by`."""
-    by = [by] if isinstance(by, str) else list(by or [])
-    need = [c for c in ("qid", "pair_id", "correct", *by) if c not in scored.columns]
-    if need: raise ValueError(f"scored lacks column(s) {need}")
-    df = scored.copy()
-    if df["correct"].isna().any(): raise ValueError("correct has missing values; score every member (an unanswered one is wrong)")
-    df["correct"] = df["correct"].astype(bool)
-    if "flipped" not in df.columns: df["flipped"] = False
-    g = df.groupby(by + ["pair_id"], sort=True)
-    n = g["qid"].nunique()
-    bad = n[(n != 2) | (g.size() != 2)]
-    if len(bad): raise ValueError(f"every pair needs exactly two members; {len(bad)} do not, e.g. {bad.index[0]}")
-    per = g.agg(both=("correct", "all"), right=("correct", "sum"), flipped=("flipped", "any")).reset_index()
-    def summary(p: pd.DataFrame) -> pd.Series:
-        f = p[p["flipped"]]
-        return pd.Series({"pairs": len(p), "accuracy": p["right"].sum() / (2 * len(p)), "pair_accuracy": p["both"].mean(),
-                          "flip_pairs": len(f), "flip_pair_accuracy": f["both"].mean() if len(f) else float("nan")})
-    if not by: return summary(per).to_frame().T.astype({"pairs": int, "flip_pairs": int})
-    return per.groupby(by).apply(summary, include_groups=False).astype({"pairs": int, "flip_pairs": int})
 
 # %% ../nbs/23_counterfactual.ipynb #ef2bd7b2
 def is_phantom(rec: Mapping) -> bool:
@@ -598,7 +570,8 @@ def select_scans(records: Sequence[Mapping], phantoms: int = 4, seed: int = 0) -
 
 # %% ../nbs/23_counterfactual.ipynb #df62252d
 class _Job:  # picklable for worker processes
-    def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer, ladders: int = 0, ladder_factors=LADDER_FACTORS):
+    def __init__(self, out, kinds, factors, about, max_loss, min_voxels, prefer, ladders: int = 0,
+                 ladder_factors=LADDER_FACTORS):
         self.out, self.kinds, self.factors, self.about = str(out), tuple(kinds), tuple(factors), about
         self.max_loss, self.min_voxels, self.prefer, self.ladders = max_loss, min_voxels, tuple(prefer), int(ladders)
         self.ladder_factors = tuple(ladder_factors)
@@ -614,7 +587,8 @@ def _write_copy(rec: dict, copy: Scan, info: dict, kind: str, job: _Job) -> dict
     if copy.image is not None: write_volume(copy.image, d / "image.nii.gz")
     entry = {"scan_id": copy.scan_id, "labels": f"{copy.scan_id}/labels.nii.gz",
              "image": f"{copy.scan_id}/image.nii.gz" if copy.image is not None else None,
-             "label_names": info.pop("label_names"), "source": f"{source_of(rec)}+{kind}", "original": str(rec["scan_id"]),
+             "label_names": info.pop("label_names"), "source": f"{source_of(rec)}+{kind}",
+             "original": str(rec["scan_id"]),
              "counterfactual": kind, "original_source": source_of(rec)}
     for k, v in info.items():
         if k == "kind": continue
@@ -634,12 +608,15 @@ def _one_copy(rec: dict, kind: str, job: _Job) -> dict:
         return {"scan_id": f"{sid}~{kind}", "original": sid, "counterfactual": kind, "error": str(e)}
     return _write_copy(rec, copy, info, kind, job)
 
+# %% ../nbs/23_counterfactual.ipynb #44f1cd70
 def _ladder_entries(rec: dict, job: _Job) -> list[dict]:
     "The `ladder_copies` of a scan (resize copies), written and described; none that can be made is an error entry."
     scan = read_scan(rec["labels"], rec.get("image") or None, str(rec["scan_id"]))
-    copies, tried = ladder_copies(scan, job.ladders, job.ladder_factors, rec.get("label_names"), job.max_loss, job.min_voxels, job.prefer)
-    if not copies: return [{"scan_id": f"{rec['scan_id']}~ladder", "original": str(rec["scan_id"]), "counterfactual": "resize",
-                            "error": f"no structure has every rung ({'; '.join(tried) or 'no candidate'})"}]
+    copies, tried = ladder_copies(scan, job.ladders, job.ladder_factors, rec.get("label_names"), job.max_loss,
+                                  job.min_voxels, job.prefer)
+    if not copies:
+        return [{"scan_id": f"{rec['scan_id']}~ladder", "original": str(rec["scan_id"]), "counterfactual": "resize",
+                 "error": f"no structure has every rung ({'; '.join(tried) or 'no candidate'})"}]
     return [_write_copy(rec, c, info, "resize", job) for c, info in copies]
 
 
@@ -647,8 +624,9 @@ def _ladder_entries(rec: dict, job: _Job) -> list[dict]:
 def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.PathLike, kinds: Sequence[str] = KINDS,
                          factors: Sequence[float] = (1.25, 0.8), phantoms: int = 4, seed: int = 0,
                          about: str | float = "centre", max_loss: float = 0.2, min_voxels: int = MIN_VOXELS,
-                         prefer: Sequence[str] = RESIZE_GROUPS, workers: int | None = None, scheduler: str | None = None,
-                         ladders: int = 0, ladder_factors: Sequence[float] = LADDER_FACTORS) -> tuple[list[dict], list[dict]]:
+                         prefer: Sequence[str] = RESIZE_GROUPS, workers: int | None = None,
+                         scheduler: str | None = None, ladders: int = 0,
+                         ladder_factors: Sequence[float] = LADDER_FACTORS) -> tuple[list[dict], list[dict]]:
     """Write the counterfactual copies of the selected scans of `manifests` (paths, or the records themselves)
     under `out`, with the manifest `out/scans.json` and `out/rejected.json`; returns (manifest, rejected). `ladders`:
     structures of every real scan that also get a `ladder_copies` rung per factor of `ladder_factors` (0: none)."""
@@ -658,8 +636,8 @@ def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.
         manifests and not isinstance(manifests[0], Mapping)) else [dict(r) for r in manifests]
     chosen = select_scans(recs, phantoms, seed)
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    res = parallel_map(_Job(out, kinds, factors, about, max_loss, min_voxels, prefer, ladders, ladder_factors), chosen, workers=workers,
-                       scheduler=scheduler, desc="counterfactual")
+    job = _Job(out, kinds, factors, about, max_loss, min_voxels, prefer, ladders, ladder_factors)
+    res = parallel_map(job, chosen, workers=workers, scheduler=scheduler, desc="counterfactual")
     entries, rejected = [], []
     for o in res:
         if not o.ok:
@@ -726,9 +704,9 @@ def pair_focus(copy_scans: pd.DataFrame, structures: pd.DataFrame, midline_mm: f
 
 # %% ../nbs/23_counterfactual.ipynb #8943b369
 def ladder_steps(copy_scans: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per original scan and ladder target (`ladder_copies`; `copy_scans`: the measure stage's scans table of the copies),
-    the ratio between neighbouring volume options that puts the grown and the shrunk copy each on a neighbour of the
-    key: the geometric mean of the measured volume ratios (voxels after / before) up and 1 / down."""
+    """Per original scan and ladder target (`ladder_copies`; `copy_scans`: the measure stage's scans table of the
+    copies), the ratio between neighbouring volume options that puts the grown and the shrunk copy each on a
+    neighbour of the key: the geometric mean of the measured volume ratios (voxels after / before) up and 1 / down."""
     up, down = defaultdict(list), defaultdict(list)
     for _, s in copy_scans.iterrows():
         if not _col(s, "ladder") or _col(s, "target") is None: continue

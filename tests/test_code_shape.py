@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # first three are 0, issue 24's limits; crowded cells from 170 to 43, each now one class or function over 40 lines),
 # and lines over 120 characters in the package, tests, scripts and benchmarks (ruff's line length, held to a ceiling
 # rather than formatted: see scripts/code_shape.py)
-CEILINGS = {"modules": 0, "functions": 0, "cells": 0, "crowded": 43, "long_lines": 2318}
+CEILINGS = {"modules": 0, "functions": 0, "cells": 0, "crowded": 43, "long_lines": 2317}
 
 
 def _shape():

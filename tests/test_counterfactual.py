@@ -13,6 +13,7 @@ import pytest
 import SimpleITK as sitk
 
 from spatialvqa import counterfactual as CF
+from spatialvqa.results.pairs import pair_accuracy, pair_frame
 from spatialvqa.anatomy import NAME_TO_ID, counterpart
 from spatialvqa.core import read_json, write_json
 from spatialvqa.measure import measure_labels, measure_manifests, scan_info, structures_table
@@ -331,14 +332,14 @@ def test_mirror_drops_questions_whose_text_no_longer_fits(tmp_path):
 
 def test_pair_accuracy_oracle_and_prior(written):
     pairs = [p for p in written["pairs"] if p["format"] == "mc"]
-    frame = CF.pair_frame(pairs)
+    frame = pair_frame(pairs)
     assert len(frame) == 2 * len(pairs) and frame.groupby("pair_id").size().eq(2).all()
     truth = {**{r["qid"]: r for r in written["recs"]}, **{p["qid"]: p for p in pairs}}
     key = lambda q: truth[q]["answer_letter"]
     oracle = frame.assign(correct=True)
     # the strongest prior-only answerer: it knows the original's answer and gives it to the same question text
     prior = frame.assign(correct=[key(q) == key(truth[q].get("pair_of") or q) for q in frame.qid])
-    res = CF.pair_accuracy(pd.concat([oracle.assign(model="oracle"), prior.assign(model="prior")]), by="model")
+    res = pair_accuracy(pd.concat([oracle.assign(model="oracle"), prior.assign(model="prior")]), by="model")
     assert res.loc["oracle", "pair_accuracy"] == 1.0 and res.loc["oracle", "flip_pair_accuracy"] == 1.0
     assert res.loc["prior", "flip_pair_accuracy"] == 0.0
     assert res.loc["prior", "pair_accuracy"] == 1 - res.loc["prior", "flip_pairs"] / res.loc["prior", "pairs"]
@@ -490,7 +491,7 @@ def test_ladder_rungs_move_the_volume_key_one_option(tmp_path, phantom_scan):
     for r in asked:
         vals = r["spec"]["options"]
         ratios = [max(a, b) / min(a, b) for a, b in zip(vals, vals[1:])]
-        assert all(abs(x / steps["lad"][target] - 1) < 0.05 for x in ratios), (ratios, steps)   # shown values are rounded
+        assert all(abs(x / steps["lad"][target] - 1) < 0.05 for x in ratios), (ratios, steps)   # shown: rounded
         k = LETTERS.index(r["answer_letter"])
         for p in (p for p in pairs if p["pair_of"] == r["qid"]):
             assert p["question"] == r["question"] and p["options"] == r["options"]

@@ -136,7 +136,8 @@ def _textbook(r):
             for i, o in enumerate(opts):
                 v = [tv(n) for n in o][:: sp["sense"]]
                 if all(x >= y for x, y in zip(v, v[1:])): return "ABCD"[i]
-        if sub in ("VOL.value", "VOL.closest"): return "ABCD"[int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))]
+        if sub in ("VOL.value", "VOL.closest"):
+            return "ABCD"[int(np.argmin([abs(math.log(o / tv(sp["a"]))) for o in opts]))]
         if sub == "VOL.range":
             t = tv(sp["a"])
             for i, (lo, hi) in enumerate(opts):

@@ -50,8 +50,7 @@ class ScanContext:
     group: str = ""        # scans are compared across cases only within a group (same source)
     cut: dict[str, frozenset] = field(default_factory=dict)   # world axes along which the scan's faces cut a structure
     margins: Margins = NO_MARGINS   # inter-reader margins every question about the scan must respect
-    # per structure, the volume ratio between its numeric options: its ladder copies' (`spatialvqa.counterfactual.ladder_steps`)
-    steps: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, float] = field(default_factory=dict)   # per structure, its options' ratio (ladder_steps)
     # searches whose answers depend on this scan alone (`remember`): the generator tries the same structure again and again
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

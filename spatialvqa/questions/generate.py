@@ -311,7 +311,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                        focus: Mapping[str, Sequence[str]] | None = None, focus_share: float = 0.5,
                        accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5,
                        policy: AskPolicy | None = AskPolicy(), margins: Margins | Mapping | None = None,
-                       exact: Sequence[str] = EXACT_SOURCES, steps: Mapping[str, Mapping[str, float]] | None = None) -> list[dict]:
+                       exact: Sequence[str] = EXACT_SOURCES,
+                       steps: Mapping[str, Mapping[str, float]] | None = None) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
@@ -325,7 +326,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     (`Margins`, or params.yaml's `generate.margins` mapping; None: none) that every key and distractor must respect,
     carried in each spec, except on scans of the `exact` sources (a procedural phantom's label map is the truth its image
     was drawn from: no second reader could contour it otherwise). `steps`: per scan id and structure, the ratio between
-    neighbouring numeric options where a ladder copy sets it (`spatialvqa.counterfactual.ladder_steps`). Returns records sorted by scan, task and qid (fields:
+    neighbouring numeric options where a ladder copy sets it (`spatialvqa.counterfactual.ladder_steps`). Returns
+    records sorted by scan, task and qid (fields:
     `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
     bad = [t for t in tasks if t not in TASKS]

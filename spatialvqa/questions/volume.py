@@ -11,7 +11,8 @@ import itertools
 import math
 
 from ..measure import Structure
-from .core import MIN_RATIO, REL_TOL, THR_RATIO, Subtask, _mg, fmt_number, shown, _num_truth, _scaled, _side_of, _vol_rel, tol_volume, vol_larger
+from .core import MIN_RATIO, REL_TOL, THR_RATIO, Subtask, fmt_number, shown, tol_volume, vol_larger
+from .core import _mg, _num_truth, _scaled, _side_of, _vol_rel
 from .readings import _both, _ev_range
 from .choose import _item, _one, _pick_set, _related_pair, plausible_volume
 from .distractors import LADDER_JITTER, _both_orders, _clear, _edge, _numeric_variants, _range_variants, _threshold
@@ -124,7 +125,8 @@ def _ev_vol_difference(spec, S, G, robust=False): return _judged(_vol_difference
 
 # %% ../../nbs/20_questions/07_volume.ipynb #53e754ef
 def _closest_band(spec: dict, s: Structure) -> float:
-    "Where another measurement of `s`'s volume may lie, as a log half-width: its inter-reader margin or its grid tolerance, the wider."
+    """Where another measurement of `s`'s volume may lie, as a log half-width: its inter-reader margin or its grid
+    tolerance, the wider."""
     return max(_mg(spec, "volume", spec["a"]), math.log1p(_vol_rel(s)))
 
 def _ev_vol_closest(spec, S, G, robust=False):
@@ -133,9 +135,10 @@ def _ev_vol_closest(spec, S, G, robust=False):
     s, opts = S[0][spec["a"]], spec["options"]
     w = _closest_band(spec, s)
     near = lambda v: min(range(len(opts)), key=lambda i: abs(math.log(opts[i] / v)))
-    lo, hi = sorted((near(s.volume_ml * math.exp(-w)), near(s.volume_ml * math.exp(w))))   # a ladder: nearest moves monotonically
+    # along a ladder the nearest option moves monotonically with the volume: the ends of the band bound it
+    lo, hi = sorted((near(s.volume_ml * math.exp(-w)), near(s.volume_ml * math.exp(w))))
     return [lo == hi == i if lo == hi or not lo <= i <= hi else None for i in range(len(opts))], s.volume_ml, \
-        {"volume_ml": s.volume_ml, "band": w}
+        {"volume_ml": s.volume_ml, "band": w, "tolerance": s.volume_ml * math.expm1(w)}
 
 
 # %% ../../nbs/20_questions/07_volume.ipynb #03f567ef
@@ -199,7 +202,8 @@ def _g_vol_difference(c, rng, focus, others=()):
                                             _clear(c, "VOL.difference", {"a": a, "b": b}, _ev_vol_difference)))
 
 # %% ../../nbs/20_questions/07_volume.ipynb #b08dd438
-CLOSEST_SLACK = 1.03   # the step between closest-value options: exp(2 x band) times at least this (the shown values are rounded)
+# the step between closest-value options: exp(2 x band) times at least this (the shown values are rounded)
+CLOSEST_SLACK = 1.03
 
 def _closest_ladder(t: float, k: int, r: float, bounds: tuple[float, float] | None) -> list[dict] | None:
     "Four shown volumes `r` apart with `t` at index `k`, ascending; None where two coincide or one leaves `bounds`."
@@ -212,12 +216,14 @@ def _g_vol_closest(c, rng, focus, others=()):
     a = _one(c, rng, focus)
     if not a: return None
     s = c.s(a)
-    need = max(MIN_RATIO * 1.02, math.exp(2 * _closest_band({"a": a, "margins": c.margins.for_spec([a], "VOL")}, s)) * CLOSEST_SLACK)
+    band = _closest_band({"a": a, "margins": c.margins.for_spec([a], "VOL")}, s)
+    need = max(MIN_RATIO * 1.02, math.exp(2 * band) * CLOSEST_SLACK)
     step = c.steps.get(a)
     rungs = step is not None and step >= need        # ladder copies: the key inside, both rungs options
     r = step if rungs else need * float(rng.uniform(1.0, LADDER_JITTER))
     bounds = plausible_volume(a, bool(c.cut_of([a])))
-    variants = _both_orders([_closest_ladder(s.volume_ml, k, r, bounds) if not rungs or k in (1, 2) else None for k in range(4)])
+    variants = _both_orders([_closest_ladder(s.volume_ml, k, r, bounds) if not rungs or k in (1, 2) else None
+                             for k in range(4)])
     if not any(variants): return None
     return _item(c, "VOL.closest", [a], {"a": c.name(a)}, {"a": a}, "mL", variants=variants)
 

@@ -7,6 +7,8 @@ Docs: https://spatialvqa.github.io/spatialvqa/44_results/pairs.html.md"""
 # %% ../../nbs/44_results/02_pairs.ipynb #45c5095e
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -18,7 +20,7 @@ from .scores import TABLE2_TASKS, in_scope, toy_run
 from .bootstrap import run_bootstrap
 
 # %% auto #0
-__all__ = ['PAIR_COLUMNS', 'pair_outcomes', 'pair_values', 'toy_pairs']
+__all__ = ['PAIR_COLUMNS', 'pair_outcomes', 'pair_values', 'toy_pairs', 'pair_frame', 'pair_accuracy']
 
 # %% ../../nbs/44_results/02_pairs.ipynb #7c932883
 PAIR_COLUMNS = ("Pair acc.", "Flip pairs")
@@ -105,3 +107,34 @@ def toy_pairs(seed: int = 0) -> tuple[list[dict], dict[str, list[dict]]]:
                              error=None) for r in out],
              "text_only": [dict(qid=r["qid"], model="text_only", raw=truth[r.get("pair_of") or r["qid"]], error=None) for r in out]}
     return out, preds
+
+# %% ../../nbs/44_results/02_pairs.ipynb #a8a052e9
+def pair_frame(counterfactuals: Iterable[Mapping]) -> pd.DataFrame:
+    "Both members of every pair: `pair_id`, `qid`, `member` ('original' | 'counterfactual'), `kind`, `task`, `flipped`."
+    rows = []
+    for r in counterfactuals:
+        for member, q in (("original", r["pair_of"]), ("counterfactual", r["qid"])):
+            rows.append({"pair_id": r["pair_id"], "qid": q, "member": member, "kind": r["counterfactual"],
+                         "task": r["task"], "flipped": bool(r["flipped"])})
+    return pd.DataFrame(rows, columns=["pair_id", "qid", "member", "kind", "task", "flipped"])
+
+def pair_accuracy(scored: pd.DataFrame, by: str | Sequence[str] | None = None) -> pd.DataFrame:
+    """Pair accuracy of scored pair members (`qid`, `pair_id`, `correct`, optional `flipped`), overall or per `by`."""
+    by = [by] if isinstance(by, str) else list(by or [])
+    need = [c for c in ("qid", "pair_id", "correct", *by) if c not in scored.columns]
+    if need: raise ValueError(f"scored lacks column(s) {need}")
+    df = scored.copy()
+    if df["correct"].isna().any(): raise ValueError("correct has missing values; score every member (an unanswered one is wrong)")
+    df["correct"] = df["correct"].astype(bool)
+    if "flipped" not in df.columns: df["flipped"] = False
+    g = df.groupby(by + ["pair_id"], sort=True)
+    n = g["qid"].nunique()
+    bad = n[(n != 2) | (g.size() != 2)]
+    if len(bad): raise ValueError(f"every pair needs exactly two members; {len(bad)} do not, e.g. {bad.index[0]}")
+    per = g.agg(both=("correct", "all"), right=("correct", "sum"), flipped=("flipped", "any")).reset_index()
+    def summary(p: pd.DataFrame) -> pd.Series:
+        f = p[p["flipped"]]
+        return pd.Series({"pairs": len(p), "accuracy": p["right"].sum() / (2 * len(p)), "pair_accuracy": p["both"].mean(),
+                          "flip_pairs": len(f), "flip_pair_accuracy": f["both"].mean() if len(f) else float("nan")})
+    if not by: return summary(per).to_frame().T.astype({"pairs": int, "flip_pairs": int})
+    return per.groupby(by).apply(summary, include_groups=False).astype({"pairs": int, "flip_pairs": int})
