@@ -290,7 +290,7 @@ def test_pipeline_benchmark():
 # The questions of the shared 4-phantom benchmark, hashed (their file paths aside: they name the session's temporary
 # folder). A refactor of spatialvqa.questions or spatialvqa.phantom must leave this unchanged; a change meant to alter
 # the questions updates it, and says so in its commit (the pipeline's results then change too).
-GOLDEN_QUESTIONS = ("d6341ada1b64360e85182796ce5ec310cec15b606a584cf86a4469c5c47ce573", 116)   # VOL.closest joins VOL (2026-11-27)
+GOLDEN_QUESTIONS = ("d6341ada1b64360e85182796ce5ec310cec15b606a584cf86a4469c5c47ce573", 116)   # VOL.closest joins VOL
 
 
 def test_generated_questions_are_byte_for_byte_todays(phantom_benchmark):

@@ -130,15 +130,17 @@ def _closest_band(spec: dict, s: Structure) -> float:
     return max(_mg(spec, "volume", spec["a"]), math.log1p(_vol_rel(s)))
 
 def _ev_vol_closest(spec, S, G, robust=False):
-    """Per option: True when it is the option nearest (in log) to every volume within the band, None when it is the
-    nearest to some of them, False otherwise (the band always applies: `robust` changes nothing)."""
+    """Per option: True when it is the option nearest (in log) to the volume, None when it is the nearest to some
+    volumes but not all, False otherwise. Robust (what generation requires): for every volume within the band; else for
+    the measured volume alone (another reader's measurement of a robust key keeps it, as a margin promises)."""
     s, opts = S[0][spec["a"]], spec["options"]
-    w = _closest_band(spec, s)
+    band = _closest_band(spec, s)
+    w = band if robust else 0.0
     near = lambda v: min(range(len(opts)), key=lambda i: abs(math.log(opts[i] / v)))
     # along a ladder the nearest option moves monotonically with the volume: the ends of the band bound it
     lo, hi = sorted((near(s.volume_ml * math.exp(-w)), near(s.volume_ml * math.exp(w))))
     return [lo == hi == i if lo == hi or not lo <= i <= hi else None for i in range(len(opts))], s.volume_ml, \
-        {"volume_ml": s.volume_ml, "band": w, "tolerance": s.volume_ml * math.expm1(w)}
+        {"volume_ml": s.volume_ml, "band": band, "tolerance": s.volume_ml * math.expm1(band)}
 
 
 # %% ../../nbs/20_questions/07_volume.ipynb #03f567ef
