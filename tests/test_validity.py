@@ -42,7 +42,7 @@ CHANCE = 0.25
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory, cohorts):
     tmp = tmp_path_factory.mktemp("validity")
-    phantom = cohorts(8, seed=0)          # make_cohort(<folder>, 8, seed=0), built once per session (tests/conftest.py)
+    phantom = cohorts(10, seed=0)         # make_cohort(<folder>, 10, seed=0), built once per session (tests/conftest.py)
     ts = shared_data("real-ct", "totalsegmentator")
     datasets = [{"name": "totalseg_s0001", "kind": "totalsegmentator", "path": str(ts / "s0001")},
                 {"name": "totalseg_dicom", "kind": "totalsegmentator", "path": str(ts / "dicom_example")},
@@ -54,7 +54,8 @@ def bench(tmp_path_factory, cohorts):
     copies, bad = CF.make_counterfactuals(tmp / "scans" / "scans.json", tmp / "cf", kinds=cf["kinds"].split(","),
                                           factors=[float(f) for f in str(cf["factors"]).split(",")], phantoms=2,
                                           seed=int(cf["seed"]), about=cf["about"], prefer=cf["prefer"].split(","),
-                                          max_loss=float(cf["max_loss"]), workers=0)
+                                          max_loss=float(cf["max_loss"]), workers=0, ladders=int(cf["ladders"]),
+                                          ladder_factors=[float(f) for f in str(cf["ladder_factors"]).split(",")])
     structures, scans, rejected = measure_manifests([tmp / "scans" / "scans.json", tmp / "cf" / "scans.json"],
                                                     components=False, workers=0)
     assert not rejected, rejected
@@ -63,7 +64,8 @@ def bench(tmp_path_factory, cohorts):
     st, sc, cst, csc = CF.split_copies(structures, scans)
     orig = generate_questions(st, seed=0, per_scan=parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
                                 focus=CF.pair_focus(csc, st), focus_share=float(gen["focus_share"]),
-                                accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]))
+                                accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]),
+                                steps=CF.ladder_steps(csc))
     twins, _ = CF.pair_questions(orig, cst, csc, originals=st)
     by = defaultdict(list)
     for t in twins: by[t["pair_of"]].append(t)

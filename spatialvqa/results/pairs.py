@@ -25,10 +25,16 @@ __all__ = ['PAIR_COLUMNS', 'pair_outcomes', 'pair_values', 'toy_pairs', 'pair_fr
 # %% ../../nbs/44_results/02_pairs.ipynb #7c932883
 PAIR_COLUMNS = ("Pair acc.", "Flip pairs")
 
+def _pair_kind(qid) -> str:
+    "A twin's copy kind from its qid: what follows the last `~`, a ladder rung (`ladder-<name>-x<f>`) as `ladder`."
+    tag = str(qid).rsplit("~", 1)[-1]
+    return "ladder" if tag.startswith("ladder-") else tag
+
 def pair_outcomes(d: pd.DataFrame, value: str) -> pd.DataFrame:
     """One row per model and pair in `d` (scored rows with `qid`, `pair_of`, `flipped`, `task`, `scan_id` and the 0/1
     column `value`) whose two members are both there: `model`, `pair_id` (the twin's qid), `original`, `task`, `kind`
-    (mirror / resize), `flipped`, `family` (the original's scan), `original_right`, `twin_right`, `both`."""
+    (mirror / resize / ladder: `_pair_kind`), `flipped`, `family` (the original's scan), `original_right`,
+    `twin_right`, `both`."""
     cols = ["model", "pair_id", "original", "task", "kind", "flipped", "family", "original_right", "twin_right", "both"]
     if "pair_of" not in d: return pd.DataFrame(columns=cols)
     rows = []
@@ -38,7 +44,7 @@ def pair_outcomes(d: pd.DataFrame, value: str) -> pd.DataFrame:
             o = str(t.pair_of)
             if o not in v: continue
             a, b = v[o], float(getattr(t, value))
-            rows.append(dict(model=str(m), pair_id=str(t.qid), original=o, task=t.task, kind=str(t.qid).rsplit("~", 1)[-1],
+            rows.append(dict(model=str(m), pair_id=str(t.qid), original=o, task=t.task, kind=_pair_kind(t.qid),
                              flipped=bool(t.flipped), family=scan_family(str(t.scan_id)), original_right=a, twin_right=b,
                              both=np.nan if np.isnan(a) or np.isnan(b) else float(min(a, b))))
     return pd.DataFrame(rows, columns=cols)
