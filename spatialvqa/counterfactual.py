@@ -26,7 +26,7 @@ from .questions.core import (LETTERS, MIN_RATIO, MIN_VOXELS, REL_TOL, fmt_number
 from .questions.choose import ScanContext, structure_weight
 from .questions.volest import patient_of
 from .questions.registry import evaluate
-from .questions.policy import AskPolicy
+from .questions.policy import SIZE_UNDEFINED, AskPolicy
 from .questions.generate import contexts_from_tables, measured_structure, measurement
 from .scan import Scan, Volume, read_scan, write_volume
 
@@ -278,9 +278,9 @@ NOT_RESIZED = frozenset({"lung_upper_lobe_left", "lung_lower_lobe_left", "lung_u
                          "spinal_cord", "atrial_appendage_left"})
 
 def resizable(name: str) -> bool:
-    "Whether a structure may be the target of a resize (see above); unknown names are not."
+    "Whether a structure may be the target of a resize (see above; not `SIZE_UNDEFINED`); unknown names are not."
     info = ANATOMY.get(name)
-    return info is not None and info.category in RESIZABLE and name not in NOT_RESIZED
+    return info is not None and info.category in RESIZABLE and name not in NOT_RESIZED and name not in SIZE_UNDEFINED
 
 # %% ../nbs/23_counterfactual.ipynb #83a3feee
 def resize_candidates(structs: Mapping[str, Structure], shape: Sequence[int], factors: Sequence[float] = (1.25, 0.8),

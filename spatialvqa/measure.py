@@ -13,7 +13,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +26,10 @@ if TYPE_CHECKING:     # for annotations only: pandas is imported where it is use
     import pandas as pd
 
 # %% auto #0
-__all__ = ['STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'measure_labels', 'structures_table', 'bbox_center_distance',
-           'centroid_distance', 'offset', 'direction', 'boundary_voxels', 'surface_distance', 'pairs_table',
-           'scan_info', 'measure_scan', 'measure_file', 'structure_rows', 'measure_manifests', 'read_measurements']
+__all__ = ['SPECK', 'STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'with_strays', 'measure_labels', 'structures_table',
+           'bbox_center_distance', 'centroid_distance', 'offset', 'direction', 'boundary_voxels', 'surface_distance',
+           'pairs_table', 'scan_info', 'measure_scan', 'measure_file', 'structure_rows', 'measure_manifests',
+           'read_measurements']
 
 # %% ../nbs/15_measure.ipynb #d62ae325
 _AXES = ("lr", "ap", "si")
@@ -38,7 +39,8 @@ class Structure:
     """One labelled structure of a label map, measured over its voxel centres in RAS+ world mm.
 
     `bbox_min`/`bbox_max`: the axis-aligned box in world mm; `index_min`/`index_max`: the inclusive voxel-index box
-    in the array's own axes (for cropping); `components`: connected pieces (None when not counted)."""
+    in the array's own axes (for cropping); `components`: connected pieces (None when not counted); `stray_mm`: how far
+    the pieces other than the largest stretch the box beyond the largest piece's, in mm (None when not counted)."""
     label: int
     name: str
     voxels: int
@@ -49,6 +51,7 @@ class Structure:
     components: int | None = None
     index_min: tuple[int, int, int] = (0, 0, 0)
     index_max: tuple[int, int, int] = (0, 0, 0)
+    stray_mm: float | None = None
 
     @property
     def bbox_center(self) -> np.ndarray:
@@ -66,7 +69,8 @@ class Structure:
                 "volume_ml": float(self.volume_ml), "centroid_ras_mm": [float(v) for v in self.centroid],
                 "bbox_ras_mm": [[float(v) for v in self.bbox_min], [float(v) for v in self.bbox_max]],
                 "extent_mm": {a: float(e) for a, e in zip(_AXES, self.extent)},
-                "components": None if self.components is None else int(self.components)}
+                "components": None if self.components is None else int(self.components),
+                "stray_mm": None if self.stray_mm is None else float(self.stray_mm)}
 
 # %% ../nbs/15_measure.ipynb #32796feb
 _SLAB_VOXELS = 1 << 21
@@ -349,6 +353,29 @@ def _label_structures(st: dict, counts: dict | None, m: np.ndarray, mv: np.ndarr
             index_max=tuple(int(st["hi"][inv[a], n]) for a in range(3))))
     return out
 
+# %% ../nbs/15_measure.ipynb #d516b857
+SPECK = 0.1    # a piece with less than this share of its structure's voxels is a speck
+
+def _stray_mm(labels: np.ndarray, s: Structure, spacing: np.ndarray, connectivity: int = 26) -> float:
+    """How far (mm) the specks of `s` (pieces under `SPECK` of its voxels) stretch its box beyond the box of its other
+    pieces, along the worst index axis (`spacing`: mm per index step along each axis of `labels`); 0 for one piece."""
+    if not s.components or s.components < 2: return 0.0
+    import cc3d
+    box = tuple(slice(a, b + 1) for a, b in zip(s.index_min, s.index_max))
+    pieces = cc3d.connected_components((labels[box] == s.label).view(np.uint8), connectivity=connectivity)
+    st = cc3d.statistics(pieces)
+    size, boxes = np.asarray(st["voxel_counts"])[1:], st["bounding_boxes"][1:]
+    main = [b for b, n in zip(boxes, size) if n >= SPECK * size.sum() or n == size.max()]
+    lo = np.min([[sl.start for sl in b] for b in main], axis=0)
+    hi = np.max([[sl.stop - 1 for sl in b] for b in main], axis=0)
+    return round(float(np.max((np.subtract(s.index_max, s.index_min) - (hi - lo)) * spacing)), 4)
+
+def with_strays(labels: np.ndarray, affine: np.ndarray, structures: Sequence[Structure],
+                connectivity: int = 26) -> list[Structure]:
+    "`structures` (`measure_labels(labels, affine)`'s, with components) with their `stray_mm`, as the measure stage records."
+    spacing = np.linalg.norm(np.asarray(affine, dtype=np.float64)[:3, :3], axis=0)
+    return [replace(s, stray_mm=_stray_mm(labels, s, spacing, connectivity)) for s in structures]
+
 # %% ../nbs/15_measure.ipynb #5ee0800c
 def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = True, connectivity: int = 26,
                    labelmap: Mapping[int | str, str] | None = None, threads: int | None = None,
@@ -394,7 +421,7 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
 
 # %% ../nbs/15_measure.ipynb #20885bdd
 def structures_table(structures: Iterable[Structure]) -> pd.DataFrame:
-    "One row per structure: label, name, voxels, volume, centroid, world box, extents, components."
+    "One row per structure: label, name, voxels, volume, centroid, world box, extents, components, stray."
     import pandas as pd
     rows = []
     for s in structures:
@@ -403,10 +430,11 @@ def structures_table(structures: Iterable[Structure]) -> pd.DataFrame:
         r.update({f"bbox_{a}min": v for a, v in zip("xyz", s.bbox_min)})
         r.update({f"bbox_{a}max": v for a, v in zip("xyz", s.bbox_max)})
         r.update({f"extent_{a}": float(v) for a, v in zip(_AXES, s.extent)})
-        r["components"] = s.components
+        r["components"], r["stray_mm"] = s.components, s.stray_mm
         rows.append(r)
     cols = ["label", "name", "voxels", "volume_ml", "centroid_x", "centroid_y", "centroid_z",
-            *(f"bbox_{a}{m}" for m in ("min", "max") for a in "xyz"), "extent_lr", "extent_ap", "extent_si", "components"]
+            *(f"bbox_{a}{m}" for m in ("min", "max") for a in "xyz"), "extent_lr", "extent_ap", "extent_si", "components",
+            "stray_mm"]
     return pd.DataFrame(rows, columns=cols)
 
 # %% ../nbs/15_measure.ipynb #769095f3
@@ -507,6 +535,7 @@ def measure_scan(scan: Scan, components: bool = True, connectivity: int = 26,
                  labelmap: Mapping[int | str, str] | None = None, processes: int = 1) -> dict:
     "`{'scan': scan_info, 'structures': [record, ...]}` for every structure of `scan`'s label map, sorted by label."
     ss = measure_labels(scan.labels.array, scan.labels.affine, components, connectivity, labelmap, processes=processes)
+    if components: ss = with_strays(scan.labels.array, scan.labels.affine, ss, connectivity)
     return {"scan": scan_info(scan), "structures": [s.to_dict() for s in ss]}
 
 def measure_file(labels: str | os.PathLike, image: str | os.PathLike | None = None, components: bool = True,
@@ -520,6 +549,7 @@ def _measure_record(rec: dict, components: bool = True, connectivity: int = 26) 
     names = rec.get("label_names")
     scan = read_scan(rec["labels"], rec.get("image") or None, rec.get("scan_id"))
     ss = measure_labels(scan.labels.array, scan.labels.affine, components, connectivity, names)
+    if components: ss = with_strays(scan.labels.array, scan.labels.affine, ss, connectivity)
     info = scan_info(scan)
     info.update({k: v for k, v in rec.items() if k not in info and isinstance(v, (str, int, float, bool))})
     info["structures"] = len(ss)
@@ -546,7 +576,8 @@ def structure_rows(info: Mapping, structs: Sequence[Mapping]) -> list[dict]:
         rows.append({"scan_id": info["scan_id"], "source": info.get("source"), "label": s["label"], "name": s["name"], "voxels": s["voxels"],
                      "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
                      **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
-                     **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"]})
+                     **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"],
+                     "stray_mm": s.get("stray_mm")})
     return rows
 
 # %% ../nbs/15_measure.ipynb #b0bd1d96

@@ -21,7 +21,8 @@ from .scan import ScanError, Volume
 
 # %% auto #0
 __all__ = ['GRID', 'HU_OFFSET', 'STORED_MAX', 'AXES', 'AXIS_CHECKS', 'ROIS', 'read_sparse', 'read_voxel_size', 'openkbp_affine',
-           'axis_contradictions', 'Patient', 'read_patient', 'centroids', 'axis_evidence', 'patient_folders']
+           'axis_contradictions', 'Patient', 'scanned_slab', 'read_patient', 'centroids', 'axis_evidence',
+           'patient_folders']
 
 # %% ../nbs/16_openkbp.ipynb #cb7d8a32
 GRID: tuple[int, int, int] = (128, 128, 128)
@@ -107,14 +108,23 @@ class Patient:
     voxels: dict[str, int]
     clipped: int = 0             # CT voxels clipped to the 12-bit range
     overlap: int = 0             # organ voxels claimed by two organs
+    slab: tuple[int, int] = (0, GRID[2] - 1)   # the grid's slices (axis 2) the scan covers, kept by `read_patient`
+
+# %% ../nbs/16_openkbp.ipynb #a28ec20d
+def scanned_slab(ct_index: np.ndarray, label_index: np.ndarray, shape: Sequence[int] = GRID) -> tuple[int, int]:
+    """The first and last slice (index axis 2) the scan covers: those holding a stored CT voxel, widened to any
+    labelled slice. The 128³ grid pads short scans with unstored slices; they are no part of the scan."""
+    k = np.concatenate([np.asarray(ct_index), np.asarray(label_index)]).astype(np.int64) % int(shape[2])
+    return (int(k.min()), int(k.max())) if len(k) else (0, int(shape[2]) - 1)
 
 # %% ../nbs/16_openkbp.ipynb #49e807db
 def _file(folder: Path, stem: str) -> Path | None:
     return next((p for p in (folder / f"{stem}.csv.gz", folder / f"{stem}.csv") if p.exists()), None)
 
 def read_patient(folder: str | os.PathLike, check: bool = True) -> Patient:
-    """Read one patient folder (`ct.csv[.gz]`, `voxel_dimensions.csv[.gz]`, one CSV per structure). With `check`, a
-    patient whose anatomy contradicts `AXES` (`axis_contradictions`) is refused with a `ScanError` saying how."""
+    """Read one patient folder (`ct.csv[.gz]`, `voxel_dimensions.csv[.gz]`, one CSV per structure), cut to the
+    slices the scan covers (`scanned_slab`), so that a structure the scan cuts touches a face of the grid. With
+    `check`, a patient whose anatomy contradicts `AXES` (`axis_contradictions`) is refused with a `ScanError`."""
     folder = Path(folder)
     ctf, vdf = _file(folder, "ct"), _file(folder, "voxel_dimensions")
     if ctf is None: raise ScanError(folder, "no ct.csv: an OpenKBP patient folder holds ct.csv[.gz]")
@@ -129,7 +139,7 @@ def read_patient(folder: str | os.PathLike, check: bool = True) -> Patient:
     ct = np.full(int(np.prod(GRID)), -HU_OFFSET, dtype=np.int16)
     ct[idx] = (np.round(stored) - HU_OFFSET).astype(np.int16)
     lab = np.zeros(int(np.prod(GRID)), dtype=np.uint8)
-    voxels, overlap = {}, 0
+    voxels, overlap, labelled = {}, 0, [np.zeros(0, np.int64)]
     for stem, name in ROIS.items():
         f = _file(folder, stem)
         if f is None: continue
@@ -137,9 +147,13 @@ def read_patient(folder: str | os.PathLike, check: bool = True) -> Patient:
         if not len(i): continue
         if NAME_TO_ID[name] < 190: overlap += int(np.count_nonzero((lab[i] != 0) & (lab[i] < 190)))
         lab[i] = NAME_TO_ID[name]
-        voxels[name] = int(len(i))
-    p = Patient(folder.name, Volume(ct.reshape(GRID), affine), Volume(lab.reshape(GRID), affine), voxels,
-                int(np.count_nonzero(stored != vals)), overlap)
+        voxels[name], _ = int(len(i)), labelled.append(i)
+    k0, k1 = scanned_slab(idx, np.concatenate(labelled))
+    affine = affine.copy()
+    affine[:3, 3] += affine[:3, 2] * k0                  # the first kept slice is index 0: world positions stay
+    cut = lambda a: np.ascontiguousarray(a.reshape(GRID)[:, :, k0:k1 + 1])
+    p = Patient(folder.name, Volume(cut(ct), affine), Volume(cut(lab), affine), voxels,
+                int(np.count_nonzero(stored != vals)), overlap, (k0, k1))
     if check and (bad := axis_contradictions(centroids(p))):
         raise ScanError(folder, "anatomy contradicts OpenKBP's axis convention (axis 0 posterior, 1 left, 2 inferior): " + "; ".join(bad))
     return p

@@ -357,7 +357,8 @@ def test_measure_file_contract(tmp_path):
     assert json.loads(json.dumps(res)) == res    # plain JSON values throughout
     assert res["scan"]["labels"] == str(lab) and res["scan"]["image"] == str(img) and res["scan"]["axcodes"] == "LAI"
     assert res["scan"]["shape"] == list(a.shape)
-    keys = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components"]
+    keys = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components",
+            "stray_mm"]
     assert all(list(s) == keys for s in res["structures"])
     assert [s["label"] for s in res["structures"]] == sorted(set(np.unique(a).tolist()) - {0})
     s = {x["label"]: x for x in res["structures"]}
@@ -384,3 +385,22 @@ def test_peak_memory_within_three_label_maps(components):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 3 * a.nbytes, peak / a.nbytes
+
+
+# --- specks --------------------------------------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), speck=st.integers(1, 6), spacing=st.tuples(*[st.floats(0.5, 4.0)] * 3))
+def test_stray_mm_equals_a_brute_force_count(seed, speck, spacing):
+    "How far the specks of a label (pieces under a tenth of it) stretch its box, recomputed with scipy per label."
+    a = blobs(seed=seed % 1000)
+    rng = np.random.default_rng(seed)
+    a[tuple(rng.integers(0, n, speck) for n in a.shape)] = 2        # up to six one-voxel specks of label 2
+    aff = np.diag([*spacing, 1.0])
+    got = {s.label: s.stray_mm for s in M.with_strays(a, aff, measure_labels(a, aff))}
+    for l, stray in got.items():
+        pieces, n = ndimage.label(a == l, np.ones((3, 3, 3)))
+        size = np.bincount(pieces.ravel())[1:]
+        main = np.isin(pieces, 1 + np.flatnonzero((size >= 0.1 * size.sum()) | (size == size.max())))
+        box = lambda m: np.ptp(np.argwhere(m), axis=0)
+        assert stray == pytest.approx(float(np.max((box(a == l) - box(main)) * np.asarray(spacing))), abs=1e-3), l

@@ -398,7 +398,8 @@ def structure_from_row(r) -> Structure:
                      centroid=(float(r["centroid_x"]), float(r["centroid_y"]), float(r["centroid_z"])),
                      bbox_min=(float(r["bbox_xmin"]), float(r["bbox_ymin"]), float(r["bbox_zmin"])),
                      bbox_max=(float(r["bbox_xmax"]), float(r["bbox_ymax"]), float(r["bbox_zmax"])),
-                     components=None if pd.isna(r.get("components")) else int(r["components"]))
+                     components=None if pd.isna(r.get("components")) else int(r["components"]),
+                     stray_mm=None if pd.isna(r.get("stray_mm")) else float(r["stray_mm"]))
 
 # %% ../../nbs/20_questions/00_core.ipynb #c38913a6
 SCOPE = "The scan covers only part of the body: consider only the parts of the structures inside the scanned region."

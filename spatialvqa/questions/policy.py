@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from fastcore.basics import patch
 
 from ..anatomy import ANATOMY, REFERENCE, askable
 from .readings import box_distance
@@ -20,7 +21,7 @@ from .choose import ELONGATED, ScanContext, positional, related
 from .registry import CLINICAL, SUBTASKS
 
 # %% auto #0
-__all__ = ['COVERAGE_DEPENDENT', 'UNSEEN', 'named', 'AskPolicy']
+__all__ = ['COVERAGE_DEPENDENT', 'UNSEEN', 'SIZE_UNDEFINED', 'named', 'AskPolicy', 'held_out']
 
 # %% ../../nbs/20_questions/11_policy.ipynb #a20d0378
 COVERAGE_DEPENDENT = ELONGATED | {"spinal_canal"}   # their contoured length, so volume, extent and centre, depends on the scan
@@ -33,6 +34,10 @@ _POINTS_TASKS = ("DIR", "DIST")
 # structures whose edges a CT does not show, so that no reader could measure them from the image (`AskPolicy.clinical`)
 UNSEEN = {"brainstem": "its borders with the midbrain, the cerebellar peduncles and the cord do not show on CT",
           "larynx": "contoured as the air column by some and as the cartilage framework by others"}
+
+# structures whose contoured size follows the contouring protocol, not the patient: no size question names them
+SIZE_UNDEFINED = {"larynx": "contoured as the air column by some (2-9 mL) and as the whole larynx by others (50-85 mL)",
+                  "brainstem": "where its contour stops above (pons or midbrain) follows the protocol: 15-102 mm long"}
 
 def named(item: Mapping) -> list[str]:
     "Every structure an item names: its own, its options' (when they are structures) and its spec's a, b and reference."
@@ -50,6 +55,8 @@ class AskPolicy:
     cut: bool = False                   # ask about structures the scan's faces cut (only within the scanned region)
     same_region: bool = True            # a question's structures come from one body region (`anatomy.region`)
     max_distance_mm: float | None = 200.0   # DIST: structures farther apart (bounding-box centres) are not paired
+    max_stray_mm: float = 10.0          # a label whose specks stretch its box farther than this is not asked about
+    max_held_out: float = 0.05          # size tasks: no organ whose label leaves out lesions over this share of it
     clinical: bool = False              # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
@@ -65,12 +72,15 @@ class AskPolicy:
         s, floor = c.s(n), self.lesion_min_ml if info.category == "lesion" else self.min_ml
         if s.volume_ml < floor: return f"{s.volume_ml:.2g} mL < {floor:g} mL"
         if not self.cut and n in c.cut: return "cut by the scan's faces"
+        if (s.stray_mm or 0) > self.max_stray_mm: return f"specks of its label stretch its box by {s.stray_mm:.0f} mm"
         return None
 
     def fits(self, task: str, n: str) -> bool:
         """Whether an askable `n` fits `task`: DIR and DIST need a structure whose centre stands for where it lies
-        (`positional`, and no bone); the size tasks one with a reference volume (`anatomy.REFERENCE`)."""
+        (`positional`, and no bone); the size tasks one with a reference volume (`anatomy.REFERENCE`) whose contoured
+        size is the patient's (not `SIZE_UNDEFINED`)."""
         if task in _POINTS_TASKS: return positional(n) and ANATOMY[n].category != "bone"
+        if n in SIZE_UNDEFINED: return False
         ref = REFERENCE.get(n)
         return ref is not None and ref.typical_ml is not None
 
@@ -93,18 +103,26 @@ class AskPolicy:
         why = {n: w for n in c.pool if (w := self.why_not(c, n))}
         return dataclasses.replace(c, pool=[n for n in c.pool if n not in why], excluded={**c.excluded, **why})
 
-    def reach(self, item: dict, c: ScanContext) -> bool:
-        "Whether a DIST item's structures lie within `max_distance_mm` of each other (every other item passes)."
-        if self.max_distance_mm is None or not item["subtask"].startswith("DIST."): return True
-        sp = item["spec"]
-        pairs = [(sp["a"], sp["b"])] if "a" in sp else [(sp["ref"], o["key"]) for o in item.get("options") or []]
-        return all(box_distance(c.s(x), c.s(y)) <= self.max_distance_mm for x, y in pairs)
+
+# %% ../../nbs/20_questions/11_policy.ipynb #44829eb6
+@patch
+def reach(self: AskPolicy, item: dict, c: ScanContext) -> bool:
+    "Whether a DIST item's structures lie within `max_distance_mm` of each other (every other item passes)."
+    if self.max_distance_mm is None or not item["subtask"].startswith("DIST."): return True
+    sp = item["spec"]
+    pairs = [(sp["a"], sp["b"])] if "a" in sp else [(sp["ref"], o["key"]) for o in item.get("options") or []]
+    return all(box_distance(c.s(x), c.s(y)) <= self.max_distance_mm for x, y in pairs)
 
 # %% ../../nbs/20_questions/11_policy.ipynb #0819ee98
+def held_out(c: ScanContext, n: str) -> float:
+    "The volume of the lesions that `n` hosts in scan `c`, as a share of `n`'s own: its label leaves them out."
+    return sum(c.s(t).volume_ml for t, h in c.hosts.items() if h == n) / c.s(n).volume_ml
+
 def _task_context(c: ScanContext, task: str, policy: AskPolicy | None, rng, focus: str | None) -> ScanContext:
-    "The scan's pool for one question of `task`: the structures that fit the task, from one region (the focus's, else drawn)."
+    """The scan's pool for one question of `task`: the structures that fit the task (a size task: no organ whose label
+    leaves out a lesion of more than `max_held_out` of it), from one region (the focus's, else drawn)."""
     if policy is None: return c
-    c = c.restrict(lambda n: policy.fits(task, n))
+    c = c.restrict(lambda n: policy.fits(task, n) and (task in _POINTS_TASKS or held_out(c, n) <= policy.max_held_out))
     if not policy.same_region or not c.pool: return c
     regions = [ANATOMY[n].region for n in c.pool]
     if focus in c.pool: reg = ANATOMY[focus].region
