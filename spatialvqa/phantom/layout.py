@@ -7,6 +7,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/14_phantom/layout.html.md"""
 # %% ../../nbs/14_phantom/02_layout.ipynb #a6271411
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -170,10 +171,17 @@ def fit_scale(make: Callable[[float], Shape], target_ml: float, clip: Callable |
     return float(math.exp((a + b) / 2))
 
 # %% ../../nbs/14_phantom/02_layout.ipynb #aaa09226
+def _subphrenic(c: np.ndarray, r: np.ndarray, R: np.ndarray, coeffs: np.ndarray, gap: float) -> Shape:
+    """The space a retroperitoneal gland (a `blob` with vertical long axis) claims under the diaphragm: the gland
+    grown by `gap` mm and the column beneath it; the lungs stay out of it."""
+    g = blob(c, r + gap, R=R, coeffs=coeffs)
+    return Shape(lambda X, Y, Z: g.fn(X, Y, np.maximum(Z, c[2])), np.array([g.lo[0], g.lo[1], -np.inf]), g.hi)
+
 def _heart_kidneys(f: SimpleNamespace, rng: np.random.Generator, add: Callable) -> None:
-    "The heart, the kidneys (drawn in the normal-situs frame; `f.anat` gives the anatomical name) and the adrenals above them."
+    "The heart, the kidneys (drawn in the normal-situs frame; `f.anat` gives the anatomical name) and the adrenals on their upper poles, with the space under the diaphragm that they claim (`f.subphrenic`)."
     bd, A, s, J, S, zc, ys = f.bd, f.A, f.s, f.J, f.S, f.zc, f.ys
     V, anat = f.V, f.anat
+    f.subphrenic = []
     W = lambda w=0.06: wobble(rng, w)
     # heart: long axis from base (right, posterior, up) to apex (left, anterior, down)
     hc = np.array([-28 * s, 28 * s, f.hz]) + J["heart"]
@@ -199,7 +207,9 @@ def _heart_kidneys(f: SimpleNamespace, rng: np.random.Generator, add: Callable) 
         c, r = kid[nm]
         ca = np.array([c[0] - side * 22 * s, c[1] + (8 if side > 0 else 14) * s, c[2] + 61 * s * S[anat(f"kidney_{nm}")] + 14 * s])
         ca = ca + J[anat(f"adrenal_gland_{nm}")]
-        add(f"adrenal_gland_{nm}", blob(ca, np.array([5, 14, 24]) * s * S["adrenal"], R=rotation(side * -30, axes="z"), coeffs=W(0.05)))
+        ra, Ra, wa = np.array([5, 14, 24]) * s * S["adrenal"], rotation(side * -30, axes="z"), W(0.05)
+        add(f"adrenal_gland_{nm}", blob(ca, ra, R=Ra, coeffs=wa))
+        f.subphrenic.append(_subphrenic(ca, ra, Ra, wa, 14 * s))   # the lungs stay out (`_lungs`)
 
 # %% ../../nbs/14_phantom/02_layout.ipynb #1b4303d5
 def _pancreas_duodenum(f: SimpleNamespace, add: Callable) -> tuple[list, list, np.ndarray]:
@@ -271,18 +281,20 @@ def _organs(f: SimpleNamespace, rng: np.random.Generator) -> list[tuple[str, Sha
 
 # %% ../../nbs/14_phantom/02_layout.ipynb #4c12fd4d
 def _lungs(f: SimpleNamespace) -> list[tuple[str, Shape, str]]:
-    "The five lung lobes."
+    "The five lung lobes: above the diaphragm, which passes over the adrenals (`_subphrenic`)."
     bd, A, s, zc, top, ys = f.bd, f.A, f.s, f.zc, f.top, f.ys
     out: list[tuple[str, Shape, str]] = []
     add = lambda name, shape, clip="cavity": out.append((name, shape, clip))
     # lungs: above the diaphragm, inside the cage, split into lobes by the fissures
     fz = A["fissure"]
+    glands = [mirror(g) if f.SI else g for g in getattr(f, "subphrenic", [])]   # drawn in the normal-situs frame
+    sub = lambda X, Y, Z: functools.reduce(np.logical_or, [g.fn(X, Y, Z) for g in glands], False)
     def lung(side: int, lobe: str) -> Shape:
         z_apex = top("T1") + 18 * s
         def fn(X, Y, Z):
             a, ba, bp = bd.cavity_axes(Z)
             ap = np.sqrt(np.clip((z_apex - Z) / (70 * s), 0, 1)) + 1e-6   # rounded apex
-            m = bd.in_cavity(X, Y, Z) & _inside(X, Y, a * ap, ba * ap, bp * ap) & (Z >= bd.dome_world(X, Y)) & (side * X >= 8 * s)
+            m = bd.in_cavity(X, Y, Z) & _inside(X, Y, a * ap, ba * ap, bp * ap) & (Z >= bd.dome_world(X, Y)) & (side * X >= 8 * s) & ~sub(X, Y, Z)
             # oblique fissure: high posteriorly (T4-T5), low anteriorly (diaphragm)
             yb, yf = ys(zc("T6")), 70 * s
             zp = zc("T4" if side < 0 else "T5") + fz[0 if side < 0 else 1]
