@@ -12,7 +12,7 @@ from spatialvqa.core import shared_data
 from spatialvqa.scan import Volume, write_volume
 
 EXE = [str(Path(sys.executable).parent / "spatialvqa")]  # the installed console script
-KEYS = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components"]
+KEYS = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components", "stray_mm"]
 
 
 def run(*args, cwd=None):
@@ -51,7 +51,7 @@ def test_measure_contract(tmp_path, lps_labels):
     assert liver["centroid_ras_mm"] == pytest.approx(xyz.mean(0).tolist())
     np.testing.assert_allclose(liver["bbox_ras_mm"], [xyz.min(0), xyz.max(0)], rtol=1e-12)
     assert liver["extent_mm"] == pytest.approx(dict(zip(("lr", "ap", "si"), (xyz.max(0) - xyz.min(0)).tolist())))
-    assert liver["components"] == 1
+    assert liver["components"] == 1 and liver["stray_mm"] == 0.0
     # the liver lies at the patient's right of the spleen: larger x in RAS
     assert liver["centroid_ras_mm"][0] > s[1]["centroid_ras_mm"][0]
 
