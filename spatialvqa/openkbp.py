@@ -109,12 +109,13 @@ class Patient:
     clipped: int = 0             # CT voxels clipped to the 12-bit range
     overlap: int = 0             # organ voxels claimed by two organs
     slab: tuple[int, int] = (0, GRID[2] - 1)   # the grid's slices (axis 2) the scan covers, kept by `read_patient`
+    beyond: int = 0              # label voxels on slices with no CT, dropped
 
 # %% ../nbs/16_openkbp.ipynb #a28ec20d
-def scanned_slab(ct_index: np.ndarray, label_index: np.ndarray, shape: Sequence[int] = GRID) -> tuple[int, int]:
-    """The first and last slice (index axis 2) the scan covers: those holding a stored CT voxel, widened to any
-    labelled slice. The 128³ grid pads short scans with unstored slices; they are no part of the scan."""
-    k = np.concatenate([np.asarray(ct_index), np.asarray(label_index)]).astype(np.int64) % int(shape[2])
+def scanned_slab(ct_index: np.ndarray, shape: Sequence[int] = GRID) -> tuple[int, int]:
+    """The first and last slice (index axis 2) the scan covers: those holding a stored CT voxel. The 128³ grid pads
+    short scans with unstored slices; they are no part of the scan."""
+    k = np.asarray(ct_index).astype(np.int64) % int(shape[2])
     return (int(k.min()), int(k.max())) if len(k) else (0, int(shape[2]) - 1)
 
 # %% ../nbs/16_openkbp.ipynb #49e807db
@@ -139,7 +140,7 @@ def read_patient(folder: str | os.PathLike, check: bool = True) -> Patient:
     ct = np.full(int(np.prod(GRID)), -HU_OFFSET, dtype=np.int16)
     ct[idx] = (np.round(stored) - HU_OFFSET).astype(np.int16)
     lab = np.zeros(int(np.prod(GRID)), dtype=np.uint8)
-    voxels, overlap, labelled = {}, 0, [np.zeros(0, np.int64)]
+    voxels, overlap = {}, 0
     for stem, name in ROIS.items():
         f = _file(folder, stem)
         if f is None: continue
@@ -147,13 +148,14 @@ def read_patient(folder: str | os.PathLike, check: bool = True) -> Patient:
         if not len(i): continue
         if NAME_TO_ID[name] < 190: overlap += int(np.count_nonzero((lab[i] != 0) & (lab[i] < 190)))
         lab[i] = NAME_TO_ID[name]
-        voxels[name], _ = int(len(i)), labelled.append(i)
-    k0, k1 = scanned_slab(idx, np.concatenate(labelled))
+        voxels[name] = int(len(i))
+    k0, k1 = scanned_slab(idx)
     affine = affine.copy()
     affine[:3, 3] += affine[:3, 2] * k0                  # the first kept slice is index 0: world positions stay
     cut = lambda a: np.ascontiguousarray(a.reshape(GRID)[:, :, k0:k1 + 1])
+    beyond = int(np.count_nonzero(lab)) - int(np.count_nonzero(cut(lab)))
     p = Patient(folder.name, Volume(cut(ct), affine), Volume(cut(lab), affine), voxels,
-                int(np.count_nonzero(stored != vals)), overlap, (k0, k1))
+                int(np.count_nonzero(stored != vals)), overlap, (k0, k1), beyond)
     if check and (bad := axis_contradictions(centroids(p))):
         raise ScanError(folder, "anatomy contradicts OpenKBP's axis convention (axis 0 posterior, 1 left, 2 inferior): " + "; ".join(bad))
     return p

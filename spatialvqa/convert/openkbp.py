@@ -26,6 +26,7 @@ def _from_openkbp(case: Case) -> tuple[Volume, np.ndarray, dict[str, str], dict]
              "grid_slices": f"{p.slab[0]}-{p.slab[1]}"}
     if p.clipped: extra["clipped_ct_voxels"] = p.clipped
     if p.overlap: extra["organ_overlap_voxels"] = p.overlap
+    if p.beyond: extra["label_voxels_beyond_scan"] = p.beyond
     return p.labels, np.asarray(p.labels.array), {}, extra
 
 _READERS["openkbp"] = _from_openkbp
@@ -43,7 +44,8 @@ def convert_openkbp(src: str | os.PathLike, out: str | os.PathLike, workers: int
     notes = ["grid axes: index 0 posterior, 1 left, 2 inferior, established on the cohort's anatomy and checked on every "
              "patient (spatialvqa.openkbp); the grid's centre is the world origin",
              "CT stored value - 1024 = HU, clipped to 0-4095 as upstream recommends; unstored voxels are air (-1024 HU)",
-             "only the slices holding CT are kept (grid_slices): the 128-slice grid pads short scans",
+             "only the slices holding CT are kept (grid_slices): the 128-slice grid pads short scans; label voxels "
+             "beyond them are dropped (label_voxels_beyond_scan)",
              "PTV56/63/70 are radiotherapy targets: labelled ptv_56/63/70, never asked about (anatomy.askable)"]
     return _run("OpenKBP", licence or LICENCES["OpenKBP"], src, out, cases, "openkbp", dict(OPENKBP_ROIS), [], [], [], workers,
                 scheduler, "reference", False, notes, name)

@@ -156,7 +156,7 @@ def _g_dir_relative_to(c, rng, focus, others=()):
 def _ev_dir_level(spec, S, G, robust=False):
     ax, g = spec["axis"], G[0]
     d = float(np.asarray(S[0][spec["a"]].centroid)[ax] - np.asarray(S[0][spec["b"]].centroid)[ax])
-    w = float(g.spacing[ax]) + (float(_mg(spec, "pair_centroid", pair_stem(spec["a"]))[ax]) if robust else 0.0)
+    w = 2 * float(g.spacing[ax]) + (float(_mg(spec, "pair_centroid", pair_stem(spec["a"]))[ax]) if robust else 0.0)
     return _in_bins(d, w, spec["options"]), d, {"offset_mm": d, "tolerance_mm": w}
 
 _LEVEL_WORD = {2: "higher (more superior)", 1: "further forward (more anterior)"}
