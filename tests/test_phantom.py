@@ -141,6 +141,20 @@ def test_tissue_intensities(subj):
     assert subj.image.array.dtype == np.int16 and subj.labels.array.dtype == np.uint8
 
 
+def test_fissures_show_where_lobes_meet(subj):
+    "The interlobar fissures are visible: lobe voxels touching another lobe of the same lung are denser than lung."
+    from spatialvqa.phantom.draw import _fissures
+    from scipy import ndimage
+    L, img = subj.labels.array, subj.image.array
+    face = _fissures(L)
+    lobes = np.isin(L, [NAME_TO_ID[n] for n in ORGANS if n.startswith("lung_")])
+    interior = ndimage.binary_erosion(lobes, iterations=2) & ~ndimage.binary_dilation(face, iterations=2)
+    assert face.sum() > 1000 and interior.sum() > face.sum()
+    assert np.median(img[face]) >= np.median(img[interior]) + 300           # about 500 HU above lung (0 before)
+    a = make_subject("x", seed=3, spacing=COARSE)                            # the labels are those drawn before fissures
+    assert hashlib.sha256(a.labels.array.tobytes()).hexdigest()[:16] == "03ed41e0791445fd"
+
+
 def relations_hold(s):
     """The relations that hold for every adult, as this subject's variants change them: in situs inversus the
     unpaired viscera are mirrored (`R(a, b)`: a lies more to the patient's right than b, in the normal situs);

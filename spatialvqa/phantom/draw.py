@@ -18,7 +18,7 @@ from .body import Body
 from .shapes import Grid
 
 # %% auto #0
-__all__ = ['TUMOUR_KINDS', 'HU', 'PHASES', 'label_stats']
+__all__ = ['TUMOUR_KINDS', 'HU', 'PHASES', 'FISSURE_HU', 'label_stats']
 
 # %% ../../nbs/14_phantom/03_draw.ipynb #565f0415
 def _body_masks(grid: Grid, bd: Body) -> tuple[np.ndarray, np.ndarray]:
@@ -174,6 +174,24 @@ def _draw_gas(img: np.ndarray, L: np.ndarray, Z: np.ndarray, bd: Body, sp: np.nd
     sb = L == NAME_TO_ID["small_bowel"]
     img[sb & (g < -1.2)] = -900
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #cd4cbc5c
+FISSURE_HU = -350                 # interlobar fissure: pleura filling part of a lung voxel (see above)
+_LUNGS = (("lung_upper_lobe_right", "lung_middle_lobe_right", "lung_lower_lobe_right"),
+          ("lung_upper_lobe_left", "lung_lower_lobe_left"))
+
+def _fissures(L: np.ndarray) -> np.ndarray:
+    "Voxels of a lung lobe with a 6-neighbour in another lobe of the same lung: where the interlobar fissures lie."
+    side = np.zeros(256, np.int8)
+    for k, lung in enumerate(_LUNGS, 1): side[[NAME_TO_ID[n] for n in lung]] = k
+    sd, out = side[L], np.zeros(L.shape, bool)
+    for ax in range(3):
+        a, b = ([slice(None)] * 3 for _ in range(2))
+        a[ax], b[ax] = slice(None, -1), slice(1, None)
+        a, b = tuple(a), tuple(b)
+        f = (L[a] != L[b]) & (sd[a] > 0) & (sd[a] == sd[b])
+        out[a] |= f; out[b] |= f
+    return out
+
 # %% ../../nbs/14_phantom/03_draw.ipynb #371bf528
 def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.ndarray, phase: int,
             tumours: list[dict], rng: np.random.Generator, noise_hu: float) -> np.ndarray:
@@ -207,6 +225,8 @@ def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.nd
     v = _smooth_noise(L.shape, 1.6 / sp, rng)
     img[lung & (v > 2.0)] = 20
     img[lung] += 20 * tex[lung]
+    fis = _fissures(L)                                          # pleura where two lobes of one lung meet
+    img[fis] = FISSURE_HU + 20 * tex[fis]
     # gas: stomach cap, colon mix, trachea lumen
     _draw_gas(img, L, Z, bd, sp, rng)
     # partial volume, then correlated noise
