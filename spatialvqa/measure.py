@@ -40,7 +40,7 @@ class Structure:
 
     `bbox_min`/`bbox_max`: the axis-aligned box in world mm; `index_min`/`index_max`: the inclusive voxel-index box
     in the array's own axes (for cropping); `components`: connected pieces (None when not counted); `stray_mm`: how far
-    the pieces other than the largest stretch the box beyond the largest piece's, in mm (None when not counted)."""
+    its specks (pieces under `SPECK` of it) stretch the box beyond its other pieces', in mm (None when not counted)."""
     label: int
     name: str
     voxels: int
