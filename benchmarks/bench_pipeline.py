@@ -239,6 +239,7 @@ def stage_generate(ctx: dict) -> None:
     from spatialvqa.counterfactual import flip_predicates, pair_focus, pair_questions, split_copies
     from spatialvqa.questions.check import check_record, structures_of
     from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
+    from spatialvqa.questions.policy import policy_from_params
     from spatialvqa.scan import read_scan
     gen, table_all, scan_all = ctx["params"]["generate"], ctx["table"], ctx["scan_table"]
     t0 = time.perf_counter()
@@ -248,7 +249,7 @@ def stage_generate(ctx: dict) -> None:
                                    per_source=parse_per_source(gen["per_source"]), focus=pair_focus(copy_scans, table),
                                    focus_share=float(gen["focus_share"]),
                                    accept=flip_predicates(table_all, scan_all, int(gen["min_voxels"])),
-                                   accept_share=float(gen["flip_share"]))
+                                   accept_share=float(gen["flip_share"]), policy=policy_from_params(gen))
     twins, _ = pair_questions(originals, copy_table, copy_scans, originals=table, min_voxels=int(gen["min_voxels"]))
     by = {}
     for t in twins: by.setdefault(t["pair_of"], []).append(t)

@@ -10,6 +10,7 @@ from spatialvqa.convert.openkbp import convert_openkbp
 from spatialvqa.core import load_params, shared_data, write_json
 from spatialvqa.measure import measure_manifests
 from spatialvqa.questions.core import Margins
+from spatialvqa.questions.policy import policy_from_params
 from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
 
 PATIENTS = ("pt_242", "pt_243", "pt_245", "pt_246", "pt_247", "pt_248")   # of test-pats, all holding PTVs
@@ -26,7 +27,7 @@ def asked(tmp_path_factory):
     p = load_params("generate")
     qs = generate_questions(table, seed=0, scans=scans, per_scan=parse_budget(p["per_scan"]),
                             per_source=parse_per_source(p["per_source"]), min_voxels=int(p["min_voxels"]),
-                            margins=Margins.from_dict(p.get("margins")))
+                            margins=Margins.from_dict(p.get("margins")), policy=policy_from_params(p))
     return recs, table, rejected, qs
 
 

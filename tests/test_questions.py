@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spatialvqa.anatomy import ANATOMY, TUMOURS
+from spatialvqa.anatomy import ANATOMY, TUMOURS, counterpart
 from spatialvqa.questions.core import (DIRECTIONS, DIR_RATIO, Geometry, LETTERS, MC_TASKS, MIN_RATIO, TASKS,
                                        direction_margin, fmt_number)
 from spatialvqa.questions.readings import POINTS
 from spatialvqa.questions.volest import patient_of
 from spatialvqa.questions.registry import CLINICAL, SUBTASKS, TEMPLATES
-from spatialvqa.questions.policy import AskPolicy, UNSEEN
+from spatialvqa.questions.policy import CLINICAL_LENGTHS, SIZE_TASKS, AskPolicy, UNSEEN
 from spatialvqa.questions.check import check_record, rederive, structures_of
 from spatialvqa.questions.generate import RECORD_FIELDS, generate_questions
 from spatialvqa.questions.tables import composition, letter_balance, markdown_table, to_frame
@@ -165,6 +165,29 @@ def test_clinical_pairings(cohort):
     trivia = [s for s, rule in CLINICAL.items() if rule is None]
     assert {"DIR.extreme", "COMP.extreme", "VOL.difference"} <= set(trivia)
     assert any(r["subtask"] in trivia for r in cohort["recs"])             # every pairing asks them; the clinical rules never
+
+
+def test_meaningful_sizes(cohort):
+    """The pipeline's policy (`meaningful_sizes`): the size tasks keep to `CLINICAL` (related comparisons and ratios, a
+    lesion's extents or an organ's height, no trivia subtask), direction and distance keep every pairing."""
+    recs = generate_questions(cohort["table"], seed=0, scans=cohort["scans"], policy=AskPolicy(meaningful_sizes=True))
+    sizes = [r for r in recs if r["task"] in SIZE_TASKS]
+    assert sizes and all(CLINICAL[r["subtask"]] is not None for r in sizes)
+    lesion = lambda n: n in ANATOMY and ANATOMY[n].category == "lesion"
+    for r in sizes:
+        names = r["structures"]
+        lobes = lambda a, b: "_lobe_" in a and "_lobe_" in b and a.rsplit("_", 1)[-1] == b.rsplit("_", 1)[-1]
+        tied = lambda a, b: counterpart(a) == b or r["hosts"].get(a) == b or r["hosts"].get(b) == a
+        if CLINICAL[r["subtask"]] == "related":
+            assert all(tied(a, b) or lobes(a, b) for a, b in itertools.combinations(names, 2)), r["qid"]
+        if r["task"] == "EXT":
+            a = r["spec"]["a"]
+            assert lesion(a) or (a in CLINICAL_LENGTHS and r["spec"]["axis"] == 2), r["qid"]
+    every = [r for r in cohort["recs"] if r["task"] in SIZE_TASKS]
+    assert any(r["subtask"] in ("COMP.extreme", "EXT.max_extent") for r in every)   # the library's default asks them
+    assert any(r["task"] == "EXT" and r["spec"].get("a") and not lesion(r["spec"]["a"]) and r["spec"].get("axis") != 2
+               for r in every)
+    assert {r["subtask"] for r in recs if r["task"] == "DIR"} >= {"DIR.extreme"}       # direction: every pairing
 
 
 def test_letter_balance(cohort):

@@ -27,6 +27,7 @@ import pytest
 from spatialvqa.questions.core import LETTERS, MC_TASKS
 from spatialvqa.questions.registry import evaluate
 from spatialvqa.questions.generate import generate_questions, parse_budget
+from spatialvqa.questions.policy import policy_from_params
 from spatialvqa.validate import answerers as VA, chance as VC, pipeline as VP
 from spatialvqa import counterfactual as CF
 from spatialvqa.anatomy import typical_volume
@@ -67,7 +68,7 @@ def bench(tmp_path_factory, cohorts):
     orig = generate_questions(st, seed=0, per_scan=parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
                                 focus=CF.pair_focus(csc, st), focus_share=float(gen["focus_share"]),
                                 accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]),
-                                steps=CF.ladder_steps(csc))
+                                steps=CF.ladder_steps(csc), policy=policy_from_params(gen))
     twins, _ = CF.pair_questions(orig, cst, csc, originals=st)
     by = defaultdict(list)
     for t in twins: by[t["pair_of"]].append(t)

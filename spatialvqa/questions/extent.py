@@ -121,7 +121,7 @@ def _g_ext_max(c, rng, focus, others=()):
 
 # %% ../../nbs/20_questions/06_extent.ipynb #87e7aa8a
 EXT_SUBTASKS = (
-    Subtask("EXT.value", EXT_TEMPLATES["EXT.value"], _EXT_CONVENTION, _ev_ext_value, _g_ext_value, "any"),
-    Subtask("EXT.bbox", EXT_TEMPLATES["EXT.bbox"], _EXT_CONVENTION, _ev_ext_bbox, _g_ext_bbox, "any"),
+    Subtask("EXT.value", EXT_TEMPLATES["EXT.value"], _EXT_CONVENTION, _ev_ext_value, _g_ext_value, "length"),
+    Subtask("EXT.bbox", EXT_TEMPLATES["EXT.bbox"], _EXT_CONVENTION, _ev_ext_bbox, _g_ext_bbox, "lesion"),
     Subtask("EXT.max_extent", EXT_TEMPLATES["EXT.max_extent"], _EXT_CONVENTION, _ev_ext_max, _g_ext_max, None),
 )

@@ -20,7 +20,7 @@ from .core import (GENERATOR_VERSION, LETTERS, MIN_VOXELS, NO_MARGINS, SCOPE, TA
                    geometry_from_affine, is_tumour, organ_group, plane_phrase)
 from .readings import phys_extent
 from .choose import ScanContext, scan_context
-from .registry import CLINICAL_GENERATORS, CONVENTIONS, GENERATORS, SUBTASKS, TEMPLATES, evaluate
+from .registry import CONVENTIONS, GENERATORS, SUBTASKS, TEMPLATES, evaluate
 from .policy import AskPolicy, _task_context, named
 
 # %% auto #0
@@ -120,7 +120,7 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
             for attempt in range(max_tries * (2 if want_accept else 1)):
                 sub = order[(slot + attempt // 4) % len(order)]
                 focus = tumours[int(rng.integers(len(tumours)))] if want_tumour and attempt < max_tries // 2 else None
-                gen = CLINICAL_GENERATORS.get(sub, GENERATORS[sub]) if policy is not None and policy.clinical else GENERATORS[sub]
+                gen = policy.generator(sub) if policy is not None else GENERATORS[sub]
                 it = gen(_task_context(c, task, policy, rng, focus), rng, focus, others)
                 if it is None or (policy is not None and not (policy.reach(it, c) and policy.pairs_well(it, c))): continue
                 key = _dedup_key(it)

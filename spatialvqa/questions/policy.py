@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from fastcore.basics import patch
 
+from ..core import flag
 from ..anatomy import ANATOMY, REFERENCE, askable
 from .readings import box_distance
 from .choose import ELONGATED, ScanContext, positional, related
-from .registry import CLINICAL, SUBTASKS
+from .registry import CLINICAL, CLINICAL_GENERATORS, GENERATORS, SUBTASKS
 
 # %% auto #0
-__all__ = ['COVERAGE_DEPENDENT', 'UNSEEN', 'SIZE_UNDEFINED', 'named', 'AskPolicy', 'held_out']
+__all__ = ['COVERAGE_DEPENDENT', 'UNSEEN', 'SIZE_UNDEFINED', 'SIZE_TASKS', 'CLINICAL_LENGTHS', 'named', 'AskPolicy',
+           'policy_from_params', 'held_out']
 
 # %% ../../nbs/20_questions/11_policy.ipynb #a20d0378
 COVERAGE_DEPENDENT = ELONGATED | {"spinal_canal"}   # their contoured length, so volume, extent and centre, depends on the scan
@@ -58,6 +60,7 @@ class AskPolicy:
     max_stray_mm: float = 10.0          # a label whose specks stretch its box farther than this is not asked about
     max_held_out: float = 0.05          # size tasks: no organ whose label leaves out lesions over this share of it
     clinical: bool = False              # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
+    meaningful_sizes: bool = False      # the size tasks keep to `CLINICAL` (`SIZE_TASKS`; the pipeline's policy)
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
         "Why structure `n` of scan `c` may not be named by any question (None: it may)."
@@ -84,24 +87,56 @@ class AskPolicy:
         ref = REFERENCE.get(n)
         return ref is not None and ref.typical_ml is not None
 
-    def subtasks(self, task: str) -> list[str]:
-        "The subtasks of `task` this policy asks (`CLINICAL`: the pairings no radiologist asks are never drawn)."
-        return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.clinical or CLINICAL[s] is not None)]
-
-    def pairs_well(self, item: Mapping, c: ScanContext) -> bool:
-        "Whether an item pairs its structures as `CLINICAL` allows its subtask (always, without `clinical`)."
-        if not self.clinical: return True
-        rule, names = CLINICAL[item["subtask"]], named(item)
-        if rule == "lesion": return any(_lesion(n) for n in names)
-        if rule == "ref_lesion": return _lesion(item["spec"].get("ref", ""))
-        if rule == "related": return all(related(c, a, b) for a, b in itertools.combinations(names, 2))
-        if rule == "kidney": return set(names) == {"kidney_left", "kidney_right"}
-        return rule == "any"
-
     def apply(self, c: ScanContext) -> ScanContext:
         "A copy of `c` whose pool holds only what may be asked about; the others `excluded` with the reason."
         why = {n: w for n in c.pool if (w := self.why_not(c, n))}
         return dataclasses.replace(c, pool=[n for n in c.pool if n not in why], excluded={**c.excluded, **why})
+
+
+# %% ../../nbs/20_questions/11_policy.ipynb #c502d9d2
+SIZE_TASKS = ("EXT", "VOL", "COMP", "VOLEST")    # `AskPolicy.meaningful_sizes`: these keep to `CLINICAL`
+
+# lengths a radiologist measures along the body's axis (spleen and liver span, renal and parotid height): an organ's
+# EXT question asks only these; a lesion's any extent (`CLINICAL` rule "length")
+CLINICAL_LENGTHS = frozenset({"kidney_left", "kidney_right", "spleen", "liver",
+                              "parotid_gland_left", "parotid_gland_right"})
+
+@patch
+def rules_apply(self: AskPolicy, sub: str) -> bool:
+    "Whether `CLINICAL`'s rule binds subtask `sub`: always under `clinical`; the size tasks' under `meaningful_sizes`."
+    return self.clinical or (self.meaningful_sizes and sub.split(".")[0] in SIZE_TASKS)
+
+@patch
+def subtasks(self: AskPolicy, task: str) -> list[str]:
+    "The subtasks of `task` this policy asks: where `CLINICAL` binds, never those no radiologist asks (rule None)."
+    return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.rules_apply(s) or CLINICAL[s] is not None)]
+
+@patch
+def generator(self: AskPolicy, sub: str) -> Callable:
+    "The generator of `sub`: where the rule binds, its `CLINICAL_GENERATORS` one (e.g. ratios of related structures)."
+    return CLINICAL_GENERATORS.get(sub, GENERATORS[sub]) if self.rules_apply(sub) else GENERATORS[sub]
+
+
+# %% ../../nbs/20_questions/11_policy.ipynb #04306077
+@patch
+def pairs_well(self: AskPolicy, item: Mapping, c: ScanContext) -> bool:
+    "Whether an item pairs its structures as `CLINICAL` allows its subtask (always, where the rule does not bind)."
+    if not self.rules_apply(item["subtask"]): return True
+    rule, names = CLINICAL[item["subtask"]], named(item)
+    if rule == "lesion": return any(_lesion(n) for n in names)
+    if rule == "ref_lesion": return _lesion(item["spec"].get("ref", ""))
+    if rule == "related": return all(related(c, a, b) for a, b in itertools.combinations(names, 2))
+    if rule == "kidney": return set(names) == {"kidney_left", "kidney_right"}
+    if rule == "length":
+        a = item["spec"]["a"]
+        return _lesion(a) or (a in CLINICAL_LENGTHS and item["spec"].get("axis") == 2)
+    return rule == "any"
+
+
+# %% ../../nbs/20_questions/11_policy.ipynb #64ad6550
+def policy_from_params(p: Mapping) -> AskPolicy:
+    "The policy of params.yaml's `generate` section (`clinical`, `meaningful_sizes`; absent: the library's defaults)."
+    return AskPolicy(clinical=flag(p.get("clinical", False)), meaningful_sizes=flag(p.get("meaningful_sizes", False)))
 
 
 # %% ../../nbs/20_questions/11_policy.ipynb #44829eb6
