@@ -44,7 +44,8 @@ def convert_openkbp(src: str | os.PathLike, out: str | os.PathLike, workers: int
     notes = ["grid axes: index 0 posterior, 1 left, 2 inferior, established on the cohort's anatomy and checked on every "
              "patient (spatialvqa.openkbp); the grid's centre is the world origin",
              "CT stored value - 1024 = HU, clipped to 0-4095 as upstream recommends; unstored voxels are air (-1024 HU)",
-             "only the slices holding CT are kept (grid_slices): the 128-slice grid pads short scans; label voxels "
+             "only the slices the scan covers are kept (grid_slices, spatialvqa.openkbp.scanned_slab): the 128-slice "
+             "grid pads short scans, some with end slices storing only a patch of CT around a structure; label voxels "
              "beyond them are dropped (label_voxels_beyond_scan)",
              "PTV56/63/70 are radiotherapy targets: labelled ptv_56/63/70, never asked about (anatomy.askable)"]
     return _run("OpenKBP", licence or LICENCES["OpenKBP"], src, out, cases, "openkbp", dict(OPENKBP_ROIS), [], [], [], workers,
