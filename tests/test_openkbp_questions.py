@@ -11,6 +11,7 @@ from spatialvqa.core import load_params, shared_data, write_json
 from spatialvqa.measure import measure_manifests
 from spatialvqa.questions.core import Margins
 from spatialvqa.questions.policy import policy_from_params
+from spatialvqa.validate.filters import structure_problems
 from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
 
 PATIENTS = ("pt_242", "pt_243", "pt_245", "pt_246", "pt_247", "pt_248")   # of test-pats, all holding PTVs
@@ -56,3 +57,20 @@ def test_left_structures_lie_left_in_world_space(asked):
                 assert sub.loc[right, "centroid_x"] > sub.loc[left, "centroid_x"] + 40, sid   # parotids lie ~10 cm apart
                 pairs += 1
     assert pairs >= 5
+
+
+@pytest.mark.parametrize("split,patient,slivers", [("validation-pats", "pt_214", ["parotid_gland_right"]),
+                                                  ("test-pats", "pt_322", ["parotid_gland_left", "parotid_gland_right"])])
+def test_parotid_slivers_are_implausible(tmp_path, split, patient, slivers):
+    """A blinded reader's case: pt_214's right parotid is an 82-voxel sliver (no left parotid contoured), pt_322's two
+    are 5.2-5.3 mL rims; the parotid's plausible floor (6.5 mL: half the smallest of 140 expert contours in the
+    two-reader set) drops every question about them at the validate stage's plausibility filter."""
+    shutil.copytree(shared_data("real-ct", "openkbp") / "provided-data" / split / patient, tmp_path / split / patient)
+    recs = convert_openkbp(tmp_path / split, tmp_path / "scans", workers=0)
+    table, scans, rejected = measure_manifests(write_json(recs, tmp_path / "scans.json"), workers=0)
+    assert rejected == []
+    probs = structure_problems(table, scans, border=False)
+    sid = f"openkbp_{patient}"
+    for n in slivers:
+        assert table.set_index("name").loc[n, "volume_ml"] < 6.0
+        assert probs[(sid, n)].startswith("volume"), probs

@@ -158,9 +158,10 @@ def plausible_length(name: str) -> tuple[float, float] | None:
 # %% ../../nbs/20_questions/02_choose.ipynb #d6ac73f9
 def related(c: ScanContext, a: str, b: str) -> bool:
     """Two structures whose combined or differing volume a radiologist would ask about: the left and right of a
-    pair, an organ and its lesion, or two lobes of one lung."""
+    pair, an organ and its lesion, two lesions (the tumour burden: which is largest, their total) or two lobes of
+    one lung."""
     if counterpart(a) == b: return True
-    if c.hosts.get(a) == b or c.hosts.get(b) == a: return True
+    if c.hosts.get(a) == b or c.hosts.get(b) == a or (a in c.hosts and b in c.hosts): return True
     lobe = lambda n: n.startswith("lung_") and "_lobe_" in n
     return lobe(a) and lobe(b) and a.rsplit("_", 1)[-1] == b.rsplit("_", 1)[-1]
 
