@@ -24,7 +24,7 @@ from .readings import PAIR_EDGES, _pair_bins
 
 # %% auto #0
 __all__ = ['ELONGATED', 'structure_weight', 'ScanContext', 'scan_context', 'positional', 'plausible_volume', 'plausible_length',
-           'related']
+           'related', 'comparable', 'comparable_groups']
 
 # %% ../../nbs/20_questions/02_choose.ipynb #518e05d6
 _CATEGORY_WEIGHT = {"lesion": 4.0, "organ": 2.0, "gland": 1.5, "vessel": 1.0, "muscle": 1.0, "bone": 0.6, "cartilage": 0.3}
@@ -156,14 +156,27 @@ def plausible_length(name: str) -> tuple[float, float] | None:
     return None
 
 # %% ../../nbs/20_questions/02_choose.ipynb #d6ac73f9
+def _lobe(n: str) -> bool: return n.startswith("lung_") and "_lobe_" in n
+
 def related(c: ScanContext, a: str, b: str) -> bool:
     """Two structures whose combined or differing volume a radiologist would ask about: the left and right of a
     pair, an organ and its lesion, two lesions (the tumour burden: which is largest, their total) or two lobes of
     one lung."""
     if counterpart(a) == b: return True
     if c.hosts.get(a) == b or c.hosts.get(b) == a or (a in c.hosts and b in c.hosts): return True
-    lobe = lambda n: n.startswith("lung_") and "_lobe_" in n
-    return lobe(a) and lobe(b) and a.rsplit("_", 1)[-1] == b.rsplit("_", 1)[-1]
+    return _lobe(a) and _lobe(b) and a.rsplit("_", 1)[-1] == b.rsplit("_", 1)[-1]
+
+# %% ../../nbs/20_questions/02_choose.ipynb #8d5e854e
+def comparable(c: ScanContext, names: Iterable[str]) -> bool:
+    """Structures whose sizes a radiologist sets side by side (which is largest, their order): every two `related`,
+    or all lung lobes (of either lung: lobar volumes guide resection and lung-volume reduction)."""
+    names = list(names)
+    return all(map(_lobe, names)) or all(related(c, a, b) for a, b in itertools.combinations(names, 2))
+
+def comparable_groups(c: ScanContext) -> list[list[str]]:
+    "The pool's groups of `comparable` structures a set is drawn from: its lung lobes, its lesions."
+    return [g for g in ([n for n in c.pool if _lobe(n)], [n for n in c.pool if n in c.hosts]) if g]
+
 
 # %% ../../nbs/20_questions/02_choose.ipynb #c7de0782
 def _item(c: ScanContext, sub: str, structures: list[str], fields: dict, spec: dict, unit: str | None = None, **kw) -> dict:

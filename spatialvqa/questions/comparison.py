@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 from .core import Subtask, _argbest, _cap, _mg, _vol_rel, pair_stem, vol_larger
 from .readings import _in_bins
-from .choose import _item, _pair_item, _pick_set, _reference, _sides
+from .choose import _item, _pair_item, _pick_set, _reference, _sides, comparable_groups
 
 # %% auto #0
 __all__ = ['COMP_TEMPLATES', 'COMP_SUBTASKS']
@@ -111,6 +112,18 @@ def _g_comp_rank(c, rng, focus, others=()):
                                                 "from smallest to largest"}, {"sense": sense},
                  options=[{"key": o, "text": txt(o)} for o in [order, *wrong]])
 
+# %% ../../nbs/20_questions/08_comparison.ipynb #dd81cb25
+def _in_group(gen: Callable) -> Callable:
+    """`gen` drawing from one of the pool's `comparable_groups` (its lung lobes or its lesions, the focus's when it has
+    one) of at least three: the clinical draw of `extreme` and `rank`, whose random sets are rarely comparable."""
+    def draw(c, rng, focus, others=()):
+        groups = [g for g in comparable_groups(c) if len(g) >= 3 and (not focus or focus in g)]
+        if not groups: return None
+        g = groups[int(rng.integers(len(groups)))]
+        return gen(c.restrict(lambda n: n in g), rng, focus, others)
+    return draw
+
+
 # %% ../../nbs/20_questions/08_comparison.ipynb #5a5b9012
 def _ev_comp_asymmetry(spec, S, G, robust=False):
     a, b = S[0][spec["a"]], S[0][spec["b"]]
@@ -129,7 +142,9 @@ def _g_comp_asymmetry(c, rng, focus, others=()):
 # %% ../../nbs/20_questions/08_comparison.ipynb #93a88217
 COMP_SUBTASKS = (
     Subtask("COMP.than", COMP_TEMPLATES["COMP.than"], _COMP_CONVENTION, _ev_comp_than, _g_comp_than, None),
-    Subtask("COMP.extreme", COMP_TEMPLATES["COMP.extreme"], _COMP_CONVENTION, _ev_comp_extreme, _g_comp_extreme, None),
+    Subtask("COMP.extreme", COMP_TEMPLATES["COMP.extreme"], _COMP_CONVENTION, _ev_comp_extreme, _g_comp_extreme,
+            "comparable", _in_group(_g_comp_extreme)),
     Subtask("COMP.asymmetry", COMP_TEMPLATES["COMP.asymmetry"], _COMP_CONVENTION, _ev_comp_asymmetry, _g_comp_asymmetry, "any"),
-    Subtask("COMP.rank", COMP_TEMPLATES["COMP.rank"], _COMP_CONVENTION, _ev_comp_rank, _g_comp_rank, "related"),
+    Subtask("COMP.rank", COMP_TEMPLATES["COMP.rank"], _COMP_CONVENTION, _ev_comp_rank, _g_comp_rank, "comparable",
+            _in_group(_g_comp_rank)),
 )

@@ -18,7 +18,7 @@ from fastcore.basics import patch
 from ..core import flag
 from ..anatomy import ANATOMY, REFERENCE, askable
 from .readings import box_distance
-from .choose import ELONGATED, ScanContext, positional, related
+from .choose import ELONGATED, ScanContext, comparable, positional, related
 from .registry import CLINICAL, CLINICAL_GENERATORS, GENERATORS, SUBTASKS
 
 # %% auto #0
@@ -126,6 +126,7 @@ def pairs_well(self: AskPolicy, item: Mapping, c: ScanContext) -> bool:
     if rule == "lesion": return any(_lesion(n) for n in names)
     if rule == "ref_lesion": return _lesion(item["spec"].get("ref", ""))
     if rule == "related": return all(related(c, a, b) for a, b in itertools.combinations(names, 2))
+    if rule == "comparable": return comparable(c, names)
     if rule == "kidney": return set(names) == {"kidney_left", "kidney_right"}
     if rule == "length":
         a = item["spec"]["a"]
