@@ -18,7 +18,26 @@ from .body import Body
 from .shapes import Grid
 
 # %% auto #0
-__all__ = ['TUMOUR_KINDS', 'HU', 'PHASES', 'FISSURE_HU', 'label_stats']
+__all__ = ['PERIRENAL_MM', 'TUMOUR_KINDS', 'HU', 'PHASES', 'FISSURE_HU', 'label_stats', 'rim_isodense']
+
+# %% ../../nbs/14_phantom/03_draw.ipynb #7f8ce1d2
+PERIRENAL_MM = 4.0                # perirenal fat around a kidney: no other label within this distance (see above)
+_KIDNEYS = [NAME_TO_ID[n] for n in ("kidney_right", "kidney_left", "kidney_tumor")]   # a kidney's lesion lies in it
+_BONE = np.isin(np.arange(256), [i for n, i in NAME_TO_ID.items()      # bone keeps its voxels in a kidney's fat
+                                 if n.startswith(("vertebrae_", "rib_", "hip_")) or n in ("sacrum", "sternum")])
+
+def _perirenal(m: np.ndarray, spacing, mm: float = PERIRENAL_MM) -> np.ndarray:
+    "Voxels outside `m` within `mm` of it (between voxel centres), and at least its 6-neighbours: the fat around a kidney."
+    out = np.zeros(m.shape, bool)
+    if not m.any(): return out
+    sp = np.asarray(spacing, float)
+    ijk, pad = np.argwhere(m), np.ceil(mm / sp).astype(int) + 1
+    sl = tuple(slice(max(a - p, 0), b + p + 1) for a, b, p in zip(ijk.min(0), ijk.max(0), pad))
+    sub = m[sl]
+    near = ndimage.distance_transform_edt(~sub, sampling=sp) <= mm
+    out[sl] = (near | ndimage.binary_dilation(sub)) & ~sub
+    return out
+
 
 # %% ../../nbs/14_phantom/03_draw.ipynb #565f0415
 def _body_masks(grid: Grid, bd: Body) -> tuple[np.ndarray, np.ndarray]:
@@ -27,14 +46,22 @@ def _body_masks(grid: Grid, bd: Body) -> tuple[np.ndarray, np.ndarray]:
 
 def _draw(grid: Grid, structures, body: np.ndarray, cavity: np.ndarray) -> np.ndarray:
     L = np.zeros(grid.shape, np.uint8)
+    fat = np.zeros(grid.shape, bool)                            # perirenal fat: no structure drawn later takes it
     for name, shape, clip in structures:
-        sl, co = grid.box(shape.lo, shape.hi)
+        kidney = name.startswith("kidney_")
+        pad = PERIRENAL_MM + max(grid.spacing) if kidney else 0.0
+        sl, co = grid.box(np.asarray(shape.lo) - pad, np.asarray(shape.hi) + pad)
         if any(s.start == s.stop for s in sl): continue
         m = np.broadcast_to(shape.fn(*co), tuple(s.stop - s.start for s in sl))
         sub = L[sl]
-        m = m & (sub == 0) & (cavity if clip == "cavity" else body)[sl]
+        m = m & (sub == 0) & ~fat[sl] & (cavity if clip == "cavity" else body)[sl]
         sub[m] = NAME_TO_ID[name]
+        if kidney:                                              # its fat: muscles and vessels drawn before it give way,
+            f = _perirenal(m, grid.spacing)                     # bone stays; those drawn later stay out
+            fat[sl] |= f
+            sub[f & ~_BONE[sub]] = 0
     return L
+
 
 # %% ../../nbs/14_phantom/03_draw.ipynb #e3f36036
 TUMOUR_KINDS = {"kidney": "kidney_tumor", "liver": "liver_tumor", "pancreas": "pancreas_tumor", "lung": "lung_tumor",
@@ -192,6 +219,24 @@ def _fissures(L: np.ndarray) -> np.ndarray:
         out[a] |= f; out[b] |= f
     return out
 
+# %% ../../nbs/14_phantom/03_draw.ipynb #fb292521
+def rim_isodense(L: np.ndarray, img: np.ndarray, label: int, hu: float = 25.0, inside: Sequence[int] = ()) -> float:
+    """Share of the boundary voxels of `label` (with a 6-neighbour outside it and `inside`) whose HU lies within
+    `hu` of the mean of those outside neighbours: how much of the structure's outline is invisible."""
+    m, ins, img = L == label, np.isin(L, [label, *inside]), np.asarray(img, np.float64)
+    tot, n = np.zeros(L.shape), np.zeros(L.shape, np.int8)
+    for ax in range(3):
+        for a, b in ((slice(None, -1), slice(1, None)), (slice(1, None), slice(None, -1))):
+            ia, ib = ([slice(None)] * 3 for _ in range(2))
+            ia[ax], ib[ax] = a, b
+            ia, ib = tuple(ia), tuple(ib)
+            o = m[ia] & ~ins[ib]
+            tot[ia][o] += img[ib][o]
+            n[ia][o] += 1
+    edge = n > 0
+    return float((np.abs(img[edge] - tot[edge] / n[edge]) < hu).mean()) if edge.any() else 0.0
+
+
 # %% ../../nbs/14_phantom/03_draw.ipynb #371bf528
 def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.ndarray, phase: int,
             tumours: list[dict], rng: np.random.Generator, noise_hu: float) -> np.ndarray:
@@ -214,6 +259,7 @@ def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.nd
         lut[t["label"]] = 35.0 if t["kind"] == "lung" else host - t["delta_hu"]
     lab = L > 0
     img[lab] = lut[L[lab]] + 4 * tex[lab]
+    img = np.where(_perirenal(np.isin(L, _KIDNEYS), sp) & ~lab, HU["fat"][phase] + 10 * tex, img)   # perirenal fat
     # bone: dense cortex around cancellous bone
     bone_ids = [NAME_TO_ID[n] for n in NAME_TO_ID if _hu_key(n) == "bone" and NAME_TO_ID[n] < 200]
     bone = np.isin(L, bone_ids)
@@ -227,9 +273,9 @@ def _render(L: np.ndarray, grid: Grid, bd: Body, body: np.ndarray, cavity: np.nd
     img[lung] += 20 * tex[lung]
     fis = _fissures(L)                                          # pleura where two lobes of one lung meet
     img[fis] = FISSURE_HU + 20 * tex[fis]
-    # gas: stomach cap, colon mix, trachea lumen
-    _draw_gas(img, L, Z, bd, sp, rng)
+    _draw_gas(img, L, Z, bd, sp, rng)                           # gas: stomach cap, colon mix, trachea lumen
     # partial volume, then correlated noise
     img = ndimage.gaussian_filter(img, 0.8 / sp)
     img += noise_hu * _smooth_noise(L.shape, 0.6, rng)
     return np.clip(np.rint(img), -1024, 3071).astype(np.int16)
+

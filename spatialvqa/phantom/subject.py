@@ -48,7 +48,7 @@ def orient(vol: Volume, name: str) -> Volume:
     return reorient(vol, *o[name])
 
 # %% ../../nbs/14_phantom/05_subject.ipynb #6a94f653
-PHANTOM_VERSION = "3"   # 3: the lungs leave the adrenals' subphrenic space (02_layout); fissures drawn (03_draw)
+PHANTOM_VERSION = "4"   # 4: perirenal fat around the kidneys, in labels and image (03_draw); 3: adrenals, fissures
 FORMATS = ("nii.gz", "nrrd")
 
 @dataclasses.dataclass(eq=False)
