@@ -478,11 +478,9 @@ REFERENCE |= {r.name: r for r in [
        "in Nikolov 2018's scans (oncologist's contours); plausible bounds our judgement (atrophy, contouring range)",
        head_mm=(0.0, 0.0, 40.0)),
     *[_R(f"parotid_gland_{s}", 28, (15, 45), (6.5, 90), s, ("C1", "C2"), "middle", {}, ("Nikolov2018", "Barker2004", "Standring2020"),
-         "median 30 mL, 5th-95th percentile 17-42 in Nikolov 2018's scans; shrinks by about a quarter during "
-         "radiotherapy and moves medially (Barker 2004); plausible up to enlargement by tumour or sialadenitis (our "
-         "judgement), down to half the smallest of those scans' 140 expert contours (13.2 mL; 9.9 after a quarter's "
-         "shrinkage): OpenKBP's three smallest (5.2-5.4 mL, pt_214's right, pt_322's two) are slivers 21-27 mm tall "
-         "against a median 54 mm, its next 7.3 mL", head_mm=(48.0 * (1 if s == "right" else -1), 5.0, 5.0)) for s in ("left", "right")],
+         "median 30 mL, 5th-95th percentile 17-42 (smallest of 140 contours 13.2) in Nikolov 2018's scans; shrinks by a "
+         "quarter under radiotherapy (Barker 2004); plausible: half that smallest (OpenKBP's slivers: 5.2-5.4 mL) to "
+         "enlargement by tumour or sialadenitis (our judgement)", head_mm=(48.0 * (1 if s == "right" else -1), 5.0, 5.0)) for s in ("left", "right")],
     *[_R(f"submandibular_gland_{s}", 8.5, (5, 13), (1.5, 30), s, ("C2", "C3"), "anterior", {}, ("Nikolov2018", "Standring2020"),
          "median 8-9 mL, 95th percentile 13 mL in Nikolov 2018's scans; absent after a neck dissection",
          head_mm=(33.0 * (1 if s == "right" else -1), 35.0, -30.0)) for s in ("left", "right")],

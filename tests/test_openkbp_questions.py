@@ -59,8 +59,9 @@ def test_left_structures_lie_left_in_world_space(asked):
     assert pairs >= 5
 
 
-@pytest.mark.parametrize("split,patient,slivers", [("validation-pats", "pt_214", ["parotid_gland_right"]),
-                                                  ("test-pats", "pt_322", ["parotid_gland_left", "parotid_gland_right"])])
+@pytest.mark.parametrize("split,patient,slivers", [
+    ("validation-pats", "pt_214", ["parotid_gland_right"]),
+    ("test-pats", "pt_322", ["parotid_gland_left", "parotid_gland_right"])])
 def test_parotid_slivers_are_implausible(tmp_path, split, patient, slivers):
     """A blinded reader's case: pt_214's right parotid is an 82-voxel sliver (no left parotid contoured), pt_322's two
     are 5.2-5.3 mL rims; the parotid's plausible floor (6.5 mL: half the smallest of 140 expert contours in the

@@ -27,7 +27,7 @@ _BONE = np.isin(np.arange(256), [i for n, i in NAME_TO_ID.items()      # bone ke
                                  if n.startswith(("vertebrae_", "rib_", "hip_")) or n in ("sacrum", "sternum")])
 
 def _perirenal(m: np.ndarray, spacing, mm: float = PERIRENAL_MM) -> np.ndarray:
-    "Voxels outside `m` within `mm` of it (between voxel centres), and at least its 6-neighbours: the fat around a kidney."
+    "Voxels outside `m` within `mm` of it (voxel centres), and at least its 6-neighbours: the fat around a kidney."
     out = np.zeros(m.shape, bool)
     if not m.any(): return out
     sp = np.asarray(spacing, float)

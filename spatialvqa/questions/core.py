@@ -418,9 +418,10 @@ class Subtask:
     (`evaluate(spec, structures per scan, geometries, robust=False)` -> (truth per option, value, derived numbers)) and
     generator (`generate(context, rng, focus, others=())` -> an item or None), and the pairing that
     `AskPolicy(clinical=True)` allows (`clinical`): None, never (trivia); "lesion": one structure is a lesion;
-    "ref_lesion": the reference is a lesion; "related": every two are `choose.related`; "comparable": `choose.comparable`; "kidney": only the kidneys;
-    "length": a lesion, or an organ's height (`policy.CLINICAL_LENGTHS`); "any". `clinical_generate` replaces
-    `generate` under that policy where the rule needs its own draw."""
+    "ref_lesion": the reference is a lesion; "related": every two are `choose.related`; "comparable": they are
+    `choose.comparable`; "kidney": only the kidneys; "length": a lesion, or an organ's height
+    (`policy.CLINICAL_LENGTHS`); "any". `clinical_generate` replaces `generate` under that policy where the rule
+    needs its own draw."""
     name: str
     templates: list[str]
     convention: str
