@@ -51,12 +51,24 @@ def ladder_ratios(c: float, tol: Callable[[float], float],
     up = _min_ratio(lambda r: _num_distinct(c * r, c, tol) and far(c * r), r0)
     return down, up
 
-def _step(down: float | None, up: float | None, k: int, rng) -> float | None:
+def _room(c: float, k: int, lo: float = 0.0, hi: float = math.inf, spare: float = 1.01) -> float:
+    """The largest step that keeps a ladder with `c` at position `k` within [`lo`, `hi`] (the plausible range), with
+    1 % to spare for rounding: the room above shared by the 3 - k options over `c`, the room below by the k under it."""
+    above = (hi / c) ** (1 / (3 - k)) if k < 3 else math.inf
+    below = (c / lo) ** (1 / k) if k > 0 and lo > 0 else math.inf
+    return min(above, below) / spare
+
+def _step(down: float | None, up: float | None, k: int, rng, cap: float = math.inf) -> float | None:
     """The ratio between neighbouring options when the key sits at position `k`: the larger of the ratios the sides it
-    uses need (`ladder_ratios`: below when k > 0, above when k < 3), times a random factor up to `LADDER_JITTER`; None
-    when a side it needs has none."""
+    uses need (`ladder_ratios`: below when k > 0, above when k < 3), times a random factor up to `LADDER_JITTER`, or up
+    to what `cap` allows (the step the plausible range leaves position `k`, `_room`): a key near an end of its range
+    keeps the positions a smaller step fits instead of losing them to the play. None when a side it needs has none or
+    `cap` is below even the smallest step."""
     need = [r for r, used in ((down, k > 0), (up, k < 3)) if used]
-    return None if None in need else max(need) * float(rng.uniform(1.0, LADDER_JITTER))
+    if None in need: return None
+    r, f = max(need), float(rng.uniform(1.0, LADDER_JITTER))
+    if r * LADDER_JITTER <= cap: return r * f            # room for all the play: the step drawn as before
+    return None if r > cap else r * (1 + (f - 1) * (cap / r - 1) / (LADDER_JITTER - 1))
 
 # %% ../../nbs/20_questions/03_distractors.ipynb #c3e1f977
 def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
@@ -64,16 +76,18 @@ def _ladder(t: float, k: int, tol: Callable[[float], float], unit: str, rng,
             ratios: tuple[float | None, float | None] | None = None) -> list[float] | None:
     """Four shown values in ascending order, evenly spaced in log scale, with the (shown) true value `t` at index `k`:
     neighbours differ by one ratio, the larger of `ladder_ratios` on the sides the ladder uses, times a random factor up
-    to `LADDER_JITTER`. Every value lies within `bounds` (the plausible range of the quantity; None: unbounded), every
-    two are clearly distinct and, with `clear`, every distractor is wrong for every measurement within the margins
-    (`_clear`). `ratios`: `ladder_ratios`' answer when the caller has it."""
+    to `LADDER_JITTER` (less where the range leaves less room: `_step`). Every value lies within `bounds` (the
+    plausible range of the quantity; None: unbounded), every two are clearly distinct and, with `clear`, every
+    distractor is wrong for every measurement within the margins (`_clear`). `ratios`: `ladder_ratios`' answer when
+    the caller has it."""
     c = shown(t, unit)
     if c <= 0 or _num_truth(c, t, tol) is not True: return None    # a value shown as 0 has no ladder (and no ratio)
     down, up = ladder_ratios(c, tol, clear) if ratios is None else ratios
-    if (r := _step(down, up, k, rng)) is None: return None
+    lo, hi = (min(bounds[0], t), max(bounds[1], t)) if bounds is not None else (0.0, math.inf)
+    if (r := _step(down, up, k, rng, _room(c, k, lo, hi))) is None: return None
     vals = [c if i == k else shown(c * r ** (i - k), unit) for i in range(4)]
     if min(vals) <= 0 or any(not _num_distinct(y, x, tol) for x, y in zip(vals, vals[1:])): return None
-    if bounds is not None and not all(min(bounds[0], t) <= v <= max(bounds[1], t) for v in vals): return None
+    if not all(lo <= v <= hi for v in vals): return None
     if clear is not None and not all(clear(v) for i, v in enumerate(vals) if i != k): return None
     return vals
 

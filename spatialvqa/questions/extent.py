@@ -11,7 +11,7 @@ from ..core import remember
 from .core import MIN_RATIO, Subtask, _AXIS_WORD, _argbest, _mg, _num_distinct, _num_truth, fmt_number, shown, tol_extent
 from .readings import phys_extent
 from .choose import _free_axes, _item, _one, _pick_set, plausible_length
-from .distractors import _both_orders, _clear, _min_ratio, _numeric_variants, _step
+from .distractors import _both_orders, _clear, _min_ratio, _numeric_variants, _room, _step
 
 # %% auto #0
 __all__ = ['EXT_TEMPLATES', 'EXT_SUBTASKS']
@@ -99,7 +99,7 @@ def _g_ext_bbox(c, rng, focus, others=()):
     variants = []
     for k in range(4):
         boxes = None
-        if (r := _step(down, up, k, rng)) is not None:
+        if (r := _step(down, up, k, rng, _room(max(e), k, hi=hi))) is not None:
             boxes = [e if i == k else box(r ** (i - k)) for i in range(4)]
             if not (min(min(x) for x in boxes) > 0 and max(max(x) for x in boxes) <= hi
                     and all(_triple_distinct(y, x, c.geom) for x, y in zip(boxes, boxes[1:]))
