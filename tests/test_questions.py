@@ -168,8 +168,8 @@ def test_clinical_pairings(cohort):
 
 
 def test_meaningful_sizes(cohort):
-    """The pipeline's policy (`meaningful_sizes`): the size tasks keep to `CLINICAL` (related comparisons and ratios, a
-    lesion's extents or an organ's height, no trivia subtask), direction and distance keep every pairing."""
+    """The pipeline's policy (`meaningful_sizes`): extents and volume estimates keep to `CLINICAL` (related ratios, a
+    lesion's extents or an organ's height, no "which is widest"); the other tasks keep every pairing."""
     recs = generate_questions(cohort["table"], seed=0, scans=cohort["scans"], policy=AskPolicy(meaningful_sizes=True))
     sizes = [r for r in recs if r["task"] in SIZE_TASKS]
     assert sizes and all(CLINICAL[r["subtask"]] is not None for r in sizes)
@@ -187,7 +187,7 @@ def test_meaningful_sizes(cohort):
             a = r["spec"]["a"]
             assert lesion(a) or (a in CLINICAL_LENGTHS and r["spec"]["axis"] == 2), r["qid"]
     every = [r for r in cohort["recs"] if r["task"] in SIZE_TASKS]
-    assert any(r["subtask"] in ("COMP.than", "EXT.max_extent") for r in every)   # the library's default asks them
+    assert any(r["subtask"] in ("VOLEST.ratio", "EXT.max_extent") for r in every)   # the library's default asks them
     assert any(r["task"] == "EXT" and r["spec"].get("a") and not lesion(r["spec"]["a"]) and r["spec"].get("axis") != 2
                for r in every)
     assert {r["subtask"] for r in recs if r["task"] == "DIR"} >= {"DIR.extreme"}       # direction: every pairing

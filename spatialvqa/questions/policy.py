@@ -60,7 +60,7 @@ class AskPolicy:
     max_stray_mm: float = 10.0          # a label whose specks stretch its box farther than this is not asked about
     max_held_out: float = 0.05          # size tasks: no organ whose label leaves out lesions over this share of it
     clinical: bool = False              # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
-    meaningful_sizes: bool = False      # the size tasks keep to `CLINICAL` (`SIZE_TASKS`; the pipeline's policy)
+    meaningful_sizes: bool = False      # extents and estimates keep to `CLINICAL` (`SIZE_TASKS`; the pipeline's policy)
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
         "Why structure `n` of scan `c` may not be named by any question (None: it may)."
@@ -94,7 +94,7 @@ class AskPolicy:
 
 
 # %% ../../nbs/20_questions/11_policy.ipynb #c502d9d2
-SIZE_TASKS = ("EXT", "VOL", "COMP", "VOLEST")    # `AskPolicy.meaningful_sizes`: these keep to `CLINICAL`
+SIZE_TASKS = ("EXT", "VOLEST")    # `AskPolicy.meaningful_sizes`: these keep to `CLINICAL` (VOL and COMP: above)
 
 # lengths a radiologist measures along the body's axis (spleen and liver span, renal and parotid height): an organ's
 # EXT question asks only these; a lesion's any extent (`CLINICAL` rule "length")
@@ -103,7 +103,7 @@ CLINICAL_LENGTHS = frozenset({"kidney_left", "kidney_right", "spleen", "liver",
 
 @patch
 def rules_apply(self: AskPolicy, sub: str) -> bool:
-    "Whether `CLINICAL`'s rule binds subtask `sub`: always under `clinical`; the size tasks' under `meaningful_sizes`."
+    "Whether `CLINICAL`'s rule binds subtask `sub`: always under `clinical`; `SIZE_TASKS`' under `meaningful_sizes`."
     return self.clinical or (self.meaningful_sizes and sub.split(".")[0] in SIZE_TASKS)
 
 @patch
