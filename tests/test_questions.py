@@ -317,10 +317,10 @@ def test_pipeline_benchmark_summary():
     "The committed summary of the benchmark the pipeline wrote: every task, balanced letters, every answer re-derived."
     s = json.loads(SUMMARY.read_text())
     assert set(s["per_task"]) == set(TASKS) and sum(s["per_task"].values()) == s["questions"] > 0
-    # the generated pool, before the filter: EXT's keys sit at the ends of its ordered options more often (A and D 31.8%
-    # at 5dc9119, when the cut structures left) where the plausible range leaves no room on one side; the benchmark that
-    # ships is balanced exactly per task (test_validity.py::test_exact_letter_balance, the export's `letters_balanced`)
-    assert s["letter_share_max_deviation"] <= 0.075
+    # the generated pool, before the filter (0.3% at 509abad: the ladders fit the plausible range, and no organ's box or
+    # width is asked; 6.9% at 5dc9119); the benchmark that ships is balanced exactly per task
+    # (test_validity.py::test_exact_letter_balance, the export's `letters_balanced`)
+    assert s["letter_share_max_deviation"] <= 0.03
     assert s["verified"] is True          # the generate stage re-derived every answer from the label maps (verify: true)
 
 
