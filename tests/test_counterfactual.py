@@ -464,7 +464,9 @@ def test_resize_flips_in_the_pipeline():
     assert o.loc["resize", "Flip pairs"] >= 3 and o.loc["mirror", "Flip pairs"] >= 10
     kinds = o.loc[["resize", "mirror", "ladder"], "Flip pairs"]
     assert kinds.sum() == o.loc["all", "Flip pairs"]
-    assert o.loc["ladder", "Flip pairs"] >= 50          # the ladder rungs flip volume keys (93 on main, 2026-11-27)
+    # the ladder rungs flip volume keys (93 at 5dc9119; 27 at 509abad, where the parotid's 6.5 mL floor keeps the rungs
+    # of small glands out and 12 parotids are cut by the sparse-slice crop)
+    assert o.loc["ladder", "Flip pairs"] >= 20
     assert o.loc["resize", "Flip-pair acc."].startswith("100.0")
 
 
