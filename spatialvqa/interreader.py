@@ -355,11 +355,10 @@ def _judge(rec: dict, ev: dict) -> tuple[str | None, str | None, str, float]:
 def flip_study(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins | Mapping | None = None,
                per_scan: Mapping[str, int] | None = None, seed: int = 0, min_voxels: int = 50,
                readers: Sequence[str] = READERS,
-               policy: AskPolicy | None = AskPolicy(clinical=False, meaningful_sizes=False)) -> pd.DataFrame:
+               policy: AskPolicy | None = AskPolicy()) -> pd.DataFrame:
     """Questions generated from each reader's measurements with `margins` and answered from the other's: one row per
     question with its key, the other reader's answer, whether (and how) it flipped, and the MRA of a numeric one.
-    `policy`: what the questions may ask about; by default every pairing (`AskPolicy(clinical=False,
-    meaningful_sizes=False)`), so that the
+    `policy`: what the questions may ask about; by default every pairing (`AskPolicy()`), so that the
     margins are tried on every quantity a question can use, not only on those the clinical pairings ask about."""
     rows = []
     for gen, other in ((readers[0], readers[1]), (readers[1], readers[0])):
@@ -404,7 +403,7 @@ def holds(record: dict, structures: Sequence[Mapping], margins: Margins) -> bool
 
 def survival(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins, per_scan: Mapping[str, int] | None = None,
              seed: int = 0, min_voxels: int = 50, readers: Sequence[str] = READERS,
-             policy: AskPolicy | None = AskPolicy(clinical=False, meaningful_sizes=False)) -> pd.DataFrame:
+             policy: AskPolicy | None = AskPolicy()) -> pd.DataFrame:
     """Questions generated without margins from each reader's measurements: one row each, and whether it `holds` with
     `margins`. `policy`: as in `flip_study` (every pairing)."""
     rows = []

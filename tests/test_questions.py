@@ -187,7 +187,7 @@ def test_meaningful_sizes(cohort):
             a = r["spec"]["a"]
             assert lesion(a) or (a in CLINICAL_LENGTHS and r["spec"]["axis"] == 2), r["qid"]
     every = [r for r in cohort["recs"] if r["task"] in SIZE_TASKS]
-    assert any(r["subtask"] in ("VOLEST.ratio", "EXT.max_extent") for r in every)   # the library's default asks them
+    assert any(r["subtask"] == "EXT.max_extent" for r in every)   # the library's default asks it; the policy never
     assert any(r["task"] == "EXT" and r["spec"].get("a") and not lesion(r["spec"]["a"]) and r["spec"].get("axis") != 2
                for r in every)
     assert {r["subtask"] for r in recs if r["task"] == "DIR"} >= {"DIR.extreme"}       # direction: every pairing
