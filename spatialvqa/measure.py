@@ -26,10 +26,10 @@ if TYPE_CHECKING:     # for annotations only: pandas is imported where it is use
     import pandas as pd
 
 # %% auto #0
-__all__ = ['SPECK', 'STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'with_strays', 'measure_labels', 'structures_table',
-           'bbox_center_distance', 'centroid_distance', 'offset', 'direction', 'boundary_voxels', 'surface_distance',
-           'pairs_table', 'scan_info', 'measure_scan', 'measure_file', 'structure_rows', 'measure_manifests',
-           'read_measurements']
+__all__ = ['SPECK', 'NEAR_MM', 'STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'near_json', 'read_near', 'with_strays',
+           'measure_labels', 'structures_table', 'bbox_center_distance', 'centroid_distance', 'offset', 'direction',
+           'boundary_voxels', 'surface_distance', 'pairs_table', 'with_near', 'scan_info', 'measure_scan',
+           'measure_file', 'structure_rows', 'measure_manifests', 'read_measurements']
 
 # %% ../nbs/15_measure.ipynb #d62ae325
 _AXES = ("lr", "ap", "si")
@@ -40,7 +40,9 @@ class Structure:
 
     `bbox_min`/`bbox_max`: the axis-aligned box in world mm; `index_min`/`index_max`: the inclusive voxel-index box
     in the array's own axes (for cropping); `components`: connected pieces (None when not counted); `stray_mm`: how far
-    its specks (pieces under `SPECK` of it) stretch the box beyond its other pieces', in mm (None when not counted)."""
+    its specks (pieces under `SPECK` of it) stretch the box beyond its other pieces', in mm (None when not counted);
+    `near`: the edge-to-edge gap in mm to every structure closer than `NEAR_MM`, by name (`with_near`; None when not
+    measured)."""
     label: int
     name: str
     voxels: int
@@ -52,6 +54,7 @@ class Structure:
     index_min: tuple[int, int, int] = (0, 0, 0)
     index_max: tuple[int, int, int] = (0, 0, 0)
     stray_mm: float | None = None
+    near: Mapping[str, float] | None = None
 
     @property
     def bbox_center(self) -> np.ndarray:
@@ -70,7 +73,23 @@ class Structure:
                 "bbox_ras_mm": [[float(v) for v in self.bbox_min], [float(v) for v in self.bbox_max]],
                 "extent_mm": {a: float(e) for a, e in zip(_AXES, self.extent)},
                 "components": None if self.components is None else int(self.components),
-                "stray_mm": None if self.stray_mm is None else float(self.stray_mm)}
+                "stray_mm": None if self.stray_mm is None else float(self.stray_mm),
+                "near_mm": None if self.near is None else {str(k): float(v) for k, v in sorted(self.near.items())}}
+
+# %% ../nbs/15_measure.ipynb #c389d6dd
+def near_json(near: Mapping[str, float] | None) -> str | None:
+    "A structure's `near` as the tables store it: compact JSON sorted by name (None stays None)."
+    import json
+    return None if near is None else json.dumps({str(k): round(float(v), 3) for k, v in sorted(near.items())},
+                                                separators=(",", ":"))
+
+def read_near(v) -> dict[str, float] | None:
+    "`near_json`'s text (or a dict, as a JSON record holds it) back to `{name: gap_mm}`; None for a missing value."
+    import json
+    if v is None or (isinstance(v, float) and v != v): return None
+    d = json.loads(v) if isinstance(v, str) else v
+    return {str(k): float(x) for k, x in d.items()}
+
 
 # %% ../nbs/15_measure.ipynb #32796feb
 _SLAB_VOXELS = 1 << 21
@@ -421,7 +440,7 @@ def measure_labels(labels: np.ndarray, affine: np.ndarray, components: bool = Tr
 
 # %% ../nbs/15_measure.ipynb #20885bdd
 def structures_table(structures: Iterable[Structure]) -> pd.DataFrame:
-    "One row per structure: label, name, voxels, volume, centroid, world box, extents, components, stray."
+    "One row per structure: label, name, voxels, volume, centroid, world box, extents, components, stray, near (JSON)."
     import pandas as pd
     rows = []
     for s in structures:
@@ -430,11 +449,11 @@ def structures_table(structures: Iterable[Structure]) -> pd.DataFrame:
         r.update({f"bbox_{a}min": v for a, v in zip("xyz", s.bbox_min)})
         r.update({f"bbox_{a}max": v for a, v in zip("xyz", s.bbox_max)})
         r.update({f"extent_{a}": float(v) for a, v in zip(_AXES, s.extent)})
-        r["components"], r["stray_mm"] = s.components, s.stray_mm
+        r["components"], r["stray_mm"], r["near_mm"] = s.components, s.stray_mm, near_json(s.near)
         rows.append(r)
     cols = ["label", "name", "voxels", "volume_ml", "centroid_x", "centroid_y", "centroid_z",
             *(f"bbox_{a}{m}" for m in ("min", "max") for a in "xyz"), "extent_lr", "extent_ap", "extent_si", "components",
-            "stray_mm"]
+            "stray_mm", "near_mm"]
     return pd.DataFrame(rows, columns=cols)
 
 # %% ../nbs/15_measure.ipynb #769095f3
@@ -522,6 +541,47 @@ def pairs_table(structures: Sequence[Structure], labels: np.ndarray | None = Non
         rows.append(r)
     return pd.DataFrame(rows)
 
+# %% ../nbs/15_measure.ipynb #23bc9b18
+NEAR_MM = 30.0   # gaps up to this far are recorded: the neighbours of a structure
+
+def _box_gap(a: Structure, b: Structure) -> float:
+    "Distance in mm between the world boxes of `a` and `b` (0 when they overlap): no two voxel centres are closer."
+    g = np.maximum(0.0, np.maximum(np.subtract(a.bbox_min, b.bbox_max), np.subtract(b.bbox_min, a.bbox_max)))
+    return float(np.linalg.norm(g))
+
+def _touching(labels: np.ndarray, pts: np.ndarray) -> set[int]:
+    "Labels among the 26 neighbours of the voxels `pts` (indices; outside the map counts as 0)."
+    out = set()
+    shape = np.asarray(labels.shape)
+    for off in itertools.product((-1, 0, 1), repeat=3):
+        if off == (0, 0, 0): continue
+        q = pts + np.asarray(off)
+        q = q[np.all((q >= 0) & (q < shape), axis=1)]
+        out.update(np.unique(labels[q[:, 0], q[:, 1], q[:, 2]]).tolist())
+    return out
+
+def with_near(labels: np.ndarray, affine: np.ndarray, structures: Sequence[Structure],
+              reach: float = NEAR_MM) -> list[Structure]:
+    "`structures` with `near`: the `surface_distance` (mm) to every other structure closer than `reach`, by name."
+    from scipy.spatial import cKDTree
+    labels, A = np.asarray(labels), np.asarray(affine, np.float64)
+    ss = list(structures)
+    pts = {s.label: boundary_voxels(labels, s) for s in ss}
+    touch = {s.label: _touching(labels, pts[s.label]) for s in ss}
+    world = {l: p @ A[:3, :3].T + A[:3, 3] for l, p in pts.items()}
+    trees: dict[int, object] = {}
+    near: dict[int, dict[str, float]] = {s.label: {} for s in ss}
+    for a, b in itertools.combinations(ss, 2):
+        if _box_gap(a, b) >= reach: continue
+        if b.label in touch[a.label]: d = 0.0
+        else:
+            small, big = sorted((a.label, b.label), key=lambda l: len(world[l]))
+            if big not in trees: trees[big] = cKDTree(world[big])
+            d = float(trees[big].query(world[small], k=1, distance_upper_bound=reach)[0].min())
+        if d < reach: near[a.label][b.name], near[b.label][a.name] = round(d, 3), round(d, 3)
+    return [replace(s, near=near[s.label]) for s in ss]
+
+
 # %% ../nbs/15_measure.ipynb #e3c6d4a6
 def scan_info(scan: Scan) -> dict:
     "Identity and geometry of a scan as plain JSON values."
@@ -536,6 +596,7 @@ def measure_scan(scan: Scan, components: bool = True, connectivity: int = 26,
     "`{'scan': scan_info, 'structures': [record, ...]}` for every structure of `scan`'s label map, sorted by label."
     ss = measure_labels(scan.labels.array, scan.labels.affine, components, connectivity, labelmap, processes=processes)
     if components: ss = with_strays(scan.labels.array, scan.labels.affine, ss, connectivity)
+    ss = with_near(scan.labels.array, scan.labels.affine, ss)
     return {"scan": scan_info(scan), "structures": [s.to_dict() for s in ss]}
 
 def measure_file(labels: str | os.PathLike, image: str | os.PathLike | None = None, components: bool = True,
@@ -550,6 +611,7 @@ def _measure_record(rec: dict, components: bool = True, connectivity: int = 26) 
     scan = read_scan(rec["labels"], rec.get("image") or None, rec.get("scan_id"))
     ss = measure_labels(scan.labels.array, scan.labels.affine, components, connectivity, names)
     if components: ss = with_strays(scan.labels.array, scan.labels.affine, ss, connectivity)
+    ss = with_near(scan.labels.array, scan.labels.affine, ss)
     info = scan_info(scan)
     info.update({k: v for k, v in rec.items() if k not in info and isinstance(v, (str, int, float, bool))})
     info["structures"] = len(ss)
@@ -577,7 +639,7 @@ def structure_rows(info: Mapping, structs: Sequence[Mapping]) -> list[dict]:
                      "volume_ml": s["volume_ml"], "centroid_x": x, "centroid_y": y, "centroid_z": z,
                      **{f"bbox_{a}min": v for a, v in zip("xyz", lo)}, **{f"bbox_{a}max": v for a, v in zip("xyz", hi)},
                      **{f"extent_{a}": v for a, v in s["extent_mm"].items()}, "components": s["components"],
-                     "stray_mm": s.get("stray_mm")})
+                     "stray_mm": s.get("stray_mm"), "near_mm": near_json(s.get("near_mm"))})
     return rows
 
 # %% ../nbs/15_measure.ipynb #b0bd1d96

@@ -17,15 +17,15 @@ import pandas as pd
 from fastcore.basics import patch
 
 from ..anatomy import ANATOMY, NAME_TO_ID, REFERENCE, TUMOURS, counterpart, readable, side
-from ..measure import Structure
+from ..measure import Structure, read_near
 
 # %% auto #0
 __all__ = ['TASKS', 'MC_TASKS', 'LETTERS', 'GENERATOR_VERSION', 'DIRECTIONS', 'REL_TOL', 'MIN_RATIO', 'THR_RATIO', 'DIR_RATIO',
-           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'TASK_QUANTITIES',
-           'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'SCOPE', 'PLANE', 'Geometry', 'geometry_from_affine',
-           'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin', 'structure_class', 'Margins', 'pair_stem',
-           'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour', 'organ_group', 'host_of', 'phrase',
-           'structure_from_row', 'plane_phrase', 'Subtask']
+           'MIN_VOXELS', 'MIN_VOLEST_RATIO', 'MARGIN_QUANTITIES', 'PAIR_QUANTITIES', 'PAIR_TASKS', 'EDGE_QUANTITY',
+           'SCALAR_QUANTITIES', 'TASK_QUANTITIES', 'STRUCTURE_CLASSES', 'CONTOURED_LENGTH', 'NO_MARGINS', 'SCOPE',
+           'PLANE', 'Geometry', 'geometry_from_affine', 'tol_distance', 'tol_extent', 'tol_volume', 'direction_margin',
+           'structure_class', 'Margins', 'pair_stem', 'vol_larger', 'fmt_number', 'shown', 'nice_numbers', 'is_tumour',
+           'organ_group', 'host_of', 'phrase', 'structure_from_row', 'plane_phrase', 'Subtask']
 
 # %% ../../nbs/20_questions/00_core.ipynb #43185c0d
 TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")
@@ -131,7 +131,9 @@ def _level(g: Geometry, axis: int) -> float:
 MARGIN_QUANTITIES = ("volume", "centroid", "bbox_center", "extent")
 PAIR_QUANTITIES = ("pair_volume", "pair_centroid")   # of a left-right pair together: ln(V_left / V_right), centroid offset
 PAIR_TASKS = {"COMP": "pair_volume", "DIR": "pair_centroid"}
-TASK_QUANTITIES = {"DIR": ("centroid", "bbox_center"), "DIST": ("bbox_center",), "EXT": ("extent",),
+EDGE_QUANTITY = "surface"   # how far a second reader moves a structure's edge (mm): a gap moves by its two structures' sum
+SCALAR_QUANTITIES = ("volume", "pair_volume", EDGE_QUANTITY)
+TASK_QUANTITIES = {"DIR": ("centroid", "bbox_center"), "DIST": ("bbox_center", EDGE_QUANTITY), "EXT": ("extent",),
                    "VOL": ("volume",), "COMP": ("volume",), "VOLEST": ("volume",)}
 STRUCTURE_CLASSES = ("tiny", "gland", "bone", "tube", "organ", "large_organ", "lesion")
 # contoured length set by where the contouring starts and stops (or the scan), not by anatomy
@@ -160,7 +162,8 @@ class Margins:
     `volume` as |ln(V₂/V₁)|, `centroid` and `bbox_center` shifts and `extent` differences in mm along world x, y, z.
     A structure that has an entry of its own (a structure the two-reader set measured often enough) takes it; any other
     takes its class's, else the `"default"` entry's, else none; `provenance` says where the numbers come from.
-    `pair_volume` and `pair_centroid`, per pair stem (`parotid_gland`): how far a second reader moves what a question
+    `surface`, per class or name: how far a second reader moves the structure's edge, in mm (one number: an
+    edge-to-edge gap moves by at most the sum of its two structures'). `pair_volume` and `pair_centroid`, per pair stem (`parotid_gland`): how far a second reader moves what a question
     about a left-right pair reads, ln(V_left / V_right) and the offset of the two centroids (mm per axis); a pair not
     listed takes the sum of its two sides' own margins (their worst case: one side up, the other down)."""
     volume: Mapping[str, float] = field(default_factory=dict)
@@ -169,6 +172,7 @@ class Margins:
     extent: Mapping[str, Sequence[float]] = field(default_factory=dict)
     pair_volume: Mapping[str, float] = field(default_factory=dict)
     pair_centroid: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    surface: Mapping[str, float] = field(default_factory=dict)
     provenance: str = ""
 
     def of(self, quantity: str, name: str) -> float | np.ndarray:
@@ -179,17 +183,17 @@ class Margins:
             own = quantity.removeprefix("pair_")
             return self.of(own, f"{name}_left") + self.of(own, f"{name}_right")
         v = table.get(name, table.get(structure_class(name), table.get("default")))
-        if quantity == "volume": return 0.0 if v is None else float(v)
+        if quantity in SCALAR_QUANTITIES: return 0.0 if v is None else float(v)
         return np.zeros(3) if v is None else np.asarray(v, dtype=np.float64)
 
     def __bool__(self) -> bool:
-        return any(np.any(np.asarray(v, dtype=np.float64) != 0) for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES)
+        return any(np.any(np.asarray(v, dtype=np.float64) != 0) for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES, EDGE_QUANTITY)
                    for v in getattr(self, q).values())
 
     def to_dict(self) -> dict:
         "The mapping `from_dict` reads back (plain Python numbers)."
-        out = {q: {k: float(v) if q in ("volume", "pair_volume") else [float(x) for x in v] for k, v in getattr(self, q).items()}
-               for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}
+        out = {q: {k: float(v) if q in SCALAR_QUANTITIES else [float(x) for x in v] for k, v in getattr(self, q).items()}
+               for q in (*MARGIN_QUANTITIES, *PAIR_QUANTITIES, EDGE_QUANTITY)}
         return {**{q: v for q, v in out.items() if v or q in MARGIN_QUANTITIES}, "provenance": self.provenance}
 
 # %% ../../nbs/20_questions/00_core.ipynb #0e9f3e71
@@ -198,7 +202,7 @@ def for_spec(self: Margins, names: Iterable[str], task: str) -> dict | None:
     "What a question's spec carries: the margins of `names` for the quantities `task` reads (None without margins)."
     if not self: return None
     names = sorted(set(names))
-    out = {q: {n: round(self.of(q, n), 6) if q == "volume" else [round(float(x), 6) for x in self.of(q, n)] for n in names}
+    out = {q: {n: round(self.of(q, n), 6) if q in SCALAR_QUANTITIES else [round(float(x), 6) for x in self.of(q, n)] for n in names}
            for q in TASK_QUANTITIES[task]}
     stems = sorted({pair_stem(n) for n in names if side(n) == "left" and counterpart(n) in names})
     if (q := PAIR_TASKS.get(task)) and stems:
@@ -210,18 +214,18 @@ def for_spec(self: Margins, names: Iterable[str], task: str) -> dict | None:
 def from_dict(cls: Margins, d: Mapping | None) -> "Margins":
     "Margins from a mapping like params.yaml's `generate.margins` (None or empty: no margins); refuses unknown keys."
     if not d: return cls()
-    bad = set(d) - {*MARGIN_QUANTITIES, *PAIR_QUANTITIES, "provenance"}
-    if bad: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {(*MARGIN_QUANTITIES, *PAIR_QUANTITIES)}")
+    known = (*MARGIN_QUANTITIES, *PAIR_QUANTITIES, EDGE_QUANTITY)
+    if bad := set(d) - {*known, "provenance"}: raise ValueError(f"unknown margin quantities {sorted(bad)}; expected some of {known}")
     out = {}
-    for q in MARGIN_QUANTITIES:
+    for q in (*MARGIN_QUANTITIES, EDGE_QUANTITY):
         table = dict(d.get(q) or {})
         bad = set(table) - {*STRUCTURE_CLASSES, "default", *NAME_TO_ID}
         if bad: raise ValueError(f"{q}: unknown structure classes or names {sorted(bad)}; expected some of {STRUCTURE_CLASSES} or label names")
         for k, v in table.items():
             v = np.asarray(v, dtype=np.float64)
-            if v.shape != (() if q == "volume" else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
-                raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q == 'volume' else 'three numbers'} >= 0")
-            table[k] = float(v) if q == "volume" else tuple(float(x) for x in v)
+            if v.shape != (() if q in SCALAR_QUANTITIES else (3,)) or not np.all(np.isfinite(v)) or np.any(v < 0):
+                raise ValueError(f"{q}.{k}: {v.tolist()} is not {'a number' if q in SCALAR_QUANTITIES else 'three numbers'} >= 0")
+            table[k] = float(v) if q in SCALAR_QUANTITIES else tuple(float(x) for x in v)
         out[q] = table
     for q in PAIR_QUANTITIES:
         table = {}
@@ -244,7 +248,7 @@ def pair_stem(name: str) -> str:
 def _mg(spec: Mapping, quantity: str, name: str) -> float | np.ndarray:
     "The margin of `quantity` for `name` (a pair stem for the pair quantities) that a question's spec carries (0 when it carries none)."
     v = ((spec.get("margins") or {}).get(quantity) or {}).get(name)
-    if quantity in ("volume", "pair_volume"): return 0.0 if v is None else float(v)
+    if quantity in SCALAR_QUANTITIES: return 0.0 if v is None else float(v)
     return np.zeros(3) if v is None else np.asarray(v, dtype=np.float64)
 
 # %% ../../nbs/20_questions/00_core.ipynb #a4086612
@@ -393,13 +397,14 @@ def _cap(s: str) -> str:
 
 # %% ../../nbs/20_questions/00_core.ipynb #21378cc0
 def structure_from_row(r) -> Structure:
-    "A `Structure` from one row of the measure stage's structures table."
+    "A `Structure` from one row of the measure stage's structures table (`near` from its `near_mm` JSON, when it has one)."
     return Structure(label=int(r["label"]), name=str(r["name"]), voxels=int(r["voxels"]), volume_ml=float(r["volume_ml"]),
                      centroid=(float(r["centroid_x"]), float(r["centroid_y"]), float(r["centroid_z"])),
                      bbox_min=(float(r["bbox_xmin"]), float(r["bbox_ymin"]), float(r["bbox_zmin"])),
                      bbox_max=(float(r["bbox_xmax"]), float(r["bbox_ymax"]), float(r["bbox_zmax"])),
                      components=None if pd.isna(r.get("components")) else int(r["components"]),
-                     stray_mm=None if pd.isna(r.get("stray_mm")) else float(r["stray_mm"]))
+                     stray_mm=None if pd.isna(r.get("stray_mm")) else float(r["stray_mm"]),
+                     near=read_near(r.get("near_mm")))
 
 # %% ../../nbs/20_questions/00_core.ipynb #c38913a6
 SCOPE = "The scan covers only part of the body: consider only the parts of the structures inside the scanned region."
