@@ -28,7 +28,7 @@ if TYPE_CHECKING:     # for annotations only: pandas is imported where it is use
 # %% auto #0
 __all__ = ['SPECK', 'NEAR_MM', 'STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure', 'near_json', 'read_near', 'with_strays',
            'measure_labels', 'structures_table', 'bbox_center_distance', 'centroid_distance', 'offset', 'direction',
-           'boundary_voxels', 'surface_distance', 'pairs_table', 'with_near', 'scan_info', 'measure_scan',
+           'boundary_voxels', 'surface_distance', 'pairs_table', 'box_gap', 'with_near', 'scan_info', 'measure_scan',
            'measure_file', 'structure_rows', 'measure_manifests', 'read_measurements']
 
 # %% ../nbs/15_measure.ipynb #d62ae325
@@ -544,7 +544,7 @@ def pairs_table(structures: Sequence[Structure], labels: np.ndarray | None = Non
 # %% ../nbs/15_measure.ipynb #23bc9b18
 NEAR_MM = 30.0   # gaps up to this far are recorded: the neighbours of a structure
 
-def _box_gap(a: Structure, b: Structure) -> float:
+def box_gap(a: Structure, b: Structure) -> float:
     "Distance in mm between the world boxes of `a` and `b` (0 when they overlap): no two voxel centres are closer."
     g = np.maximum(0.0, np.maximum(np.subtract(a.bbox_min, b.bbox_max), np.subtract(b.bbox_min, a.bbox_max)))
     return float(np.linalg.norm(g))
@@ -572,7 +572,7 @@ def with_near(labels: np.ndarray, affine: np.ndarray, structures: Sequence[Struc
     trees: dict[int, object] = {}
     near: dict[int, dict[str, float]] = {s.label: {} for s in ss}
     for a, b in itertools.combinations(ss, 2):
-        if _box_gap(a, b) >= reach: continue
+        if box_gap(a, b) >= reach: continue
         if b.label in touch[a.label]: d = 0.0
         else:
             small, big = sorted((a.label, b.label), key=lambda l: len(world[l]))

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..measure import Structure, measure_labels
+from ..measure import Structure, measure_labels, with_near
 from .core import LETTERS, MIN_RATIO, fmt_number
 from .registry import evaluate
 
@@ -21,9 +21,11 @@ from .registry import evaluate
 __all__ = ['structures_of', 'crop_to_region', 'rederive', 'check_record']
 
 # %% ../../nbs/20_questions/12_check.ipynb #ecc2e658
-def structures_of(labels: np.ndarray, affine: np.ndarray, labelmap: Mapping[int | str, str] | None = None) -> dict[str, Structure]:
-    "Every structure of a label map, measured with `spatialvqa.measure`, by name."
-    return {s.name: s for s in measure_labels(labels, affine, components=False, labelmap=labelmap)}
+def structures_of(labels: np.ndarray, affine: np.ndarray, labelmap: Mapping[int | str, str] | None = None,
+                  near: bool = False) -> dict[str, Structure]:
+    "Every structure of a label map, measured with `spatialvqa.measure`, by name (`near`: with their neighbours' gaps)."
+    ss = measure_labels(labels, affine, components=False, labelmap=labelmap)
+    return {s.name: s for s in (with_near(labels, affine, ss) if near else ss)}
 
 def crop_to_region(labels: np.ndarray, affine: np.ndarray, region: Mapping | None) -> np.ndarray:
     """`labels` with every voxel whose centre lies outside the world box `region` (`{"lo": [x, y, z], "hi": [...]}`
@@ -46,7 +48,8 @@ def _structs_for(record: dict, v) -> dict[str, Structure]:
     if isinstance(v, tuple):
         labels, affine = v[0], v[1]
         v = (crop_to_region(labels, affine, record["spec"].get("region")), affine, *v[2:])
-    st = structures_of(*v) if isinstance(v, tuple) else dict(v)
+    edge = record["spec"].get("by") == "surface"           # an edge-to-edge question: the gaps are measured too
+    st = structures_of(*v[:3], near=edge) if isinstance(v, tuple) else dict(v)
     by_label = {s.label: s for s in st.values()}
     for n, l in zip(record["structures"], record["label_ids"]):
         if l is not None and l in by_label: st[n] = by_label[l]

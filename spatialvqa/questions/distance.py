@@ -11,13 +11,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .core import THR_RATIO, Subtask, _argbest, _mg, _num_distinct, _num_truth, _side_span, tol_distance
-from .readings import _ev_range, box_distance
+from ..measure import NEAR_MM, box_gap
+from .core import (THR_RATIO, Subtask, _argbest, _mg, _num_distinct, _num_truth, _side_span, is_tumour,
+                                       tol_distance)
+from .readings import _ev_range, box_distance, edge_gap
 from .choose import _free_axes, _item, _pair, _pick_set, _reference
 from .distractors import _clear, _edge, _numeric_variants, _range_variants, _threshold
 
 # %% auto #0
-__all__ = ['DIST_TEMPLATES', 'DIST_SUBTASKS']
+__all__ = ['DIST_TEMPLATES', 'GAP_TEMPLATES', 'DIST_SUBTASKS', 'EDGE_SUBTASKS']
 
 # %% ../../nbs/20_questions/05_distance.ipynb #7b5c719c
 DIST_TEMPLATES: dict[str, list[str]] = {
@@ -144,6 +146,72 @@ def _g_dist_range(c, rng, focus, others=()):
     return _item(c, "DIST.range", [a, b], {"a": c.name(a), "b": c.name(b)}, {"a": a, "b": b, **_dist_spec(axes)}, "mm",
                  variants=_range_variants(t, tol_distance(t + w, c.geom) + w, "mm", rng))
 
+# %% ../../nbs/20_questions/05_distance.ipynb #6f701cc2
+GAP_TEMPLATES: dict[str, list[str]] = {
+    "DIST.gap": [
+        "What is the shortest distance between the edge of {a} and the edge of {b}?",
+        "How far is {a} from {b}, measured edge to edge at their closest points?",
+        "Measured at their closest points, edge to edge, how far apart are {a} and {b}?"],
+    "DIST.nearest": [
+        "Which of these structures comes closest to {ref}, measured edge to edge?",
+        "Measuring the shortest edge-to-edge distance, which of these structures lies nearest to {ref}?"],
+}
+_GAP_CONVENTION = "Distances are in millimetres between the closest points of the structures' edges (0 where they touch)."
+
+def _gap_margin(spec, a: str, b: str) -> float:
+    "How far a second reader may move the edge-to-edge gap between `a` and `b` (mm): their two `surface` margins."
+    return float(_mg(spec, "surface", a) + _mg(spec, "surface", b))
+
+def _ev_gap_value(spec, S, G, robust=False):
+    t = edge_gap(S[0][spec["a"]], S[0][spec["b"]])
+    if t >= NEAR_MM: return [None] * len(spec["options"]), None, {"gap_mm": None}   # farther: not measured
+    w = _gap_margin(spec, spec["a"], spec["b"])
+    tol = _dist_tol(G[0], w)
+    span = (max(0.0, t - w), t + w) if robust else None
+    return [_num_truth(v, t, tol, span, _dist_tol(G[0])) for v in spec["options"]], t, {"gap_mm": t, "tolerance": tol(t)}
+
+def _ev_gap_nearest(spec, S, G, robust=False):
+    ref, tol = S[0][spec["ref"]], _dist_tol(G[0])
+    d = [edge_gap(ref, S[0][n]) for n in spec["options"]]            # NEAR_MM: at least that far
+    w = [_gap_margin(spec, spec["ref"], n) if robust else 0.0 for n in spec["options"]]
+    beats = lambda x, y: x[0] < NEAR_MM and _num_distinct(y[0] - y[1], x[0] + x[1], tol)
+    return _argbest(list(zip(d, w)), beats), None, {"gap_mm": dict(zip(spec["options"], d))}
+
+
+# %% ../../nbs/20_questions/05_distance.ipynb #87c0f3c1
+def _gap_of(c, a: str, b: str) -> float | None:
+    "The recorded gap between structures `a` and `b` of scan `c` (None: `NEAR_MM` or farther, or not measured)."
+    near = c.s(a).near
+    return None if near is None else near.get(c.s(b).name)
+
+def _lesion_or(c, rng, focus, lesion: bool) -> str | None:
+    "The question's first structure: the focus, else one drawn (a lesion of the pool where `lesion`)."
+    if focus: return focus if not lesion or is_tumour(focus) else None
+    got = c.pick(rng, [n for n in c.pool if is_tumour(n)] if lesion else None)
+    return got[0] if got else None
+
+def _g_gap_value(c, rng, focus, others=(), lesion=False):
+    if (a := _lesion_or(c, rng, focus, lesion)) is None: return None
+    tol, mg = _dist_tol(c.geom), lambda b: _gap_margin({"margins": c.margins.for_spec([a, b], "DIST")}, a, b)
+    apart = [b for b in c.pool if b not in c.related(a) and (g := _gap_of(c, a, b)) is not None and g > tol(g) + mg(b)]
+    if not (got := c.pick(rng, apart)): return None
+    b, spec = got[0], {"a": a, "b": got[0], "by": "surface"}
+    return _item(c, "DIST.gap", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm", variants=_numeric_variants(
+        _gap_of(c, a, b), tol, "mm", rng, (0.0, 600.0), _clear(c, "DIST.gap", spec, _ev_gap_value)))
+
+def _g_gap_nearest(c, rng, focus, others=(), lesion=False):
+    if (ref := _lesion_or(c, rng, focus, lesion)) is None: return None
+    tol, mg = _dist_tol(c.geom), lambda n: _gap_margin({"margins": c.margins.for_spec([ref, n], "DIST")}, ref, n)
+    d = lambda n: g if (g := _gap_of(c, ref, n)) is not None else NEAR_MM
+    # every option a neighbour, or just beyond NEAR_MM (its box within twice that): no far-off organ as a giveaway
+    near = lambda n: _gap_of(c, ref, n) is not None or box_gap(c.s(ref), c.s(n)) < 2 * NEAR_MM
+    names = _pick_set(c, rng, None, lambda n: _gap_of(c, ref, n) is not None,
+                      lambda n, b: near(n) and _num_distinct(d(n) - mg(n), d(b) + mg(b), tol), exclude=c.related(ref))
+    if not names: return None
+    return _item(c, "DIST.nearest", [ref], {"ref": c.name(ref)}, {"ref": ref, "by": "surface"},
+                 options=[c.opt(n) for n in names], option_structures=True)
+
+
 # %% ../../nbs/20_questions/05_distance.ipynb #675101b7
 DIST_SUBTASKS = (
     Subtask("DIST.value", DIST_TEMPLATES["DIST.value"], _DIST_CONVENTION, _ev_dist_value, _g_dist_value, "lesion"),
@@ -155,4 +223,9 @@ DIST_SUBTASKS = (
             lambda c, r, f, o=(): _g_dist_best(c, r, f, True), "ref_lesion"),
     Subtask("DIST.within", DIST_TEMPLATES["DIST.within"], _DIST_CONVENTION, _ev_dist_within, _g_dist_within, "ref_lesion"),
     Subtask("DIST.range", DIST_TEMPLATES["DIST.range"], _DIST_CONVENTION, _ev_dist_range, _g_dist_range, "lesion"),
+    Subtask("DIST.gap", GAP_TEMPLATES["DIST.gap"], _GAP_CONVENTION, _ev_gap_value, _g_gap_value, "lesion",
+            lambda c, r, f, o=(): _g_gap_value(c, r, f, o, lesion=True)),
+    Subtask("DIST.nearest", GAP_TEMPLATES["DIST.nearest"], _GAP_CONVENTION, _ev_gap_nearest, _g_gap_nearest, "ref_lesion",
+            lambda c, r, f, o=(): _g_gap_nearest(c, r, f, o, lesion=True)),
 )
+EDGE_SUBTASKS = ("DIST.gap", "DIST.nearest")   # between edges; the others between box centres

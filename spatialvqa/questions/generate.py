@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..core import dumps, get_logger, stable_hash
-from ..measure import Structure
+from ..measure import Structure, read_near
 from .core import (GENERATOR_VERSION, LETTERS, MIN_VOXELS, NO_MARGINS, SCOPE, TASKS, Geometry, Margins, fmt_number,
                    geometry_from_affine, is_tumour, organ_group, plane_phrase)
 from .readings import phys_extent
@@ -84,7 +84,7 @@ def _finish(item: dict, contexts: Mapping[str, ScanContext], rng) -> dict | None
     return item
 
 # %% ../../nbs/20_questions/13_generate.ipynb #20c5444c
-_SYMMETRIC = ("DIST.value", "DIST.range", "VOL.sum")   # asking about (a, b) asks about (b, a)
+_SYMMETRIC = ("DIST.value", "DIST.range", "DIST.gap", "VOL.sum")   # asking about (a, b) asks about (b, a)
 
 def _dedup_key(item: dict) -> tuple:
     spec = {k: v for k, v in item["spec"].items() if k not in ("options", "spacing_mm")}
@@ -197,21 +197,27 @@ RECORD_FIELDS: dict[str, str] = {
 }
 
 # %% ../../nbs/20_questions/13_generate.ipynb #16bcd7e8
-def measurement(scan_id: str, n: str, s: Structure, g: Geometry) -> dict:
+def measurement(scan_id: str, n: str, s: Structure, g: Geometry, among: Iterable[str] | None = None) -> dict:
     """A record's measurement of structure `s` (named `n`) of scan `scan_id` on grid `g`, in the questions' conventions:
-    `extent_mm` is the physical extent (the voxel bounding box, as EXT questions ask), `voxel_box_mm` one voxel's box."""
-    return {"scan_id": scan_id, "name": n, "label": s.label, "voxels": s.voxels, "volume_ml": s.volume_ml,
+    `extent_mm` is the physical extent (the voxel bounding box, as EXT questions ask), `voxel_box_mm` one voxel's box;
+    with `among` (the names an edge-to-edge question asks about), `near_mm`: the gaps from `s` to those of them within
+    `NEAR_MM` (`Structure.near`)."""
+    m = {"scan_id": scan_id, "name": n, "label": s.label, "voxels": s.voxels, "volume_ml": s.volume_ml,
             "centroid_mm": [float(v) for v in s.centroid], "bbox_center_mm": [float(v) for v in s.bbox_center],
             "extent_mm": [float(v) for v in phys_extent(s, g)], "voxel_box_mm": [float(v) for v in g.voxel_box]}
+    if among is not None and s.near is not None:
+        m["near_mm"] = {k: float(v) for k, v in sorted(s.near.items()) if k in set(among)}
+    return m
 
 def measured_structure(m: Mapping) -> Structure:
     "The `Structure` a `measurement` describes (its box over voxel centres: the physical extent less one voxel's box)."
     c = np.asarray(m["bbox_center_mm"], float)
     half = (np.asarray(m["extent_mm"], float) - np.asarray(m.get("voxel_box_mm") or [0.0, 0.0, 0.0], float)) / 2
     return Structure(int(m["label"]), m["name"], int(m["voxels"]), float(m["volume_ml"]), tuple(float(v) for v in m["centroid_mm"]),
-                     tuple((c - half).tolist()), tuple((c + half).tolist()))
+                     tuple((c - half).tolist()), tuple((c + half).tolist()), near=read_near(m.get("near_mm")))
 
-def _measure_record(c: ScanContext, n: str) -> dict: return measurement(c.scan_id, n, c.s(n), c.geom)
+def _measure_record(c: ScanContext, n: str, among: Iterable[str] | None = None) -> dict:
+    return measurement(c.scan_id, n, c.s(n), c.geom, None if among is None else [c.s(x).name for x in among if x in c.structs])
 
 # %% ../../nbs/20_questions/13_generate.ipynb #a59f71ea
 def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict:
@@ -239,6 +245,7 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
     if it.get("option_structures") and not it["fields"].get("ref"): subject = opts[it["correct"]]["key"]
     if tumours: subject = it["focus"] if it.get("focus") in tumours else tumours[0]
     tol = ev["derived"].get("tolerance")
+    asked = list(dict.fromkeys([*structures, *(spec[k] for k in ("a", "b", "ref") if k in spec)]))
     return {
         "qid": it["qid"], "track": "A", "scan_id": c.scan_id, "scan_ids": list(it["scan_ids"]),
         "source": ",".join(dict.fromkeys(x.group for x in scans if x.group)) or None,
@@ -252,8 +259,8 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
         "organ": organ_group(subject) if subject else None, "tumour_type": subject if subject in tumours else None,
         "hosts": {t: c.hosts[t] for t in tumours if t in c.hosts},
         "spec": spec,
-        "measurements": {"structures": [_measure_record(x, n) for x in scans for n in dict.fromkeys(
-                             [m for m in structures if m in x.structs] + [spec[k] for k in ("a", "b", "ref") if k in spec])],
+        "measurements": {"structures": [_measure_record(x, n, asked if spec.get("by") == "surface" else None)
+                                        for x in scans for n in asked if n in x.structs],
                          "derived": ev["derived"]},
         "seed": int(seed), "generator_version": GENERATOR_VERSION,
         "pair_of": None, "counterfactual": None, "flipped": None,

@@ -20,6 +20,7 @@ from ..anatomy import ANATOMY, REFERENCE, askable
 from .readings import box_distance
 from .choose import ELONGATED, ScanContext, comparable, positional, related
 from .registry import CLINICAL, CLINICAL_GENERATORS, GENERATORS, SUBTASKS
+from .distance import EDGE_SUBTASKS
 
 # %% auto #0
 __all__ = ['COVERAGE_DEPENDENT', 'UNSEEN', 'SIZE_UNDEFINED', 'SIZE_TASKS', 'CLINICAL_LENGTHS', 'named', 'AskPolicy',
@@ -61,6 +62,7 @@ class AskPolicy:
     max_held_out: float = 0.05          # size tasks: no organ whose label leaves out lesions over this share of it
     clinical: bool = False              # only what a radiologist would ask: `CLINICAL` pairings, no bones, no `UNSEEN` edges
     meaningful_sizes: bool = False      # extents and estimates keep to `CLINICAL` (`SIZE_TASKS`; the pipeline's policy)
+    edge_distances: bool = False        # DIST asks only edge to edge (`EDGE_SUBTASKS`), as `CLINICAL` pairs them
 
     def why_not(self, c: ScanContext, n: str) -> str | None:
         "Why structure `n` of scan `c` may not be named by any question (None: it may)."
@@ -103,13 +105,15 @@ CLINICAL_LENGTHS = frozenset({"kidney_left", "kidney_right", "spleen", "liver",
 
 @patch
 def rules_apply(self: AskPolicy, sub: str) -> bool:
-    "Whether `CLINICAL`'s rule binds subtask `sub`: always under `clinical`; `SIZE_TASKS`' under `meaningful_sizes`."
-    return self.clinical or (self.meaningful_sizes and sub.split(".")[0] in SIZE_TASKS)
+    "Whether `CLINICAL`'s rule binds `sub`: always under `clinical`; `SIZE_TASKS`' under `meaningful_sizes`; DIST's under `edge_distances`."
+    task = sub.split(".")[0]
+    return self.clinical or (self.meaningful_sizes and task in SIZE_TASKS) or (self.edge_distances and task == "DIST")
 
 @patch
 def subtasks(self: AskPolicy, task: str) -> list[str]:
     "The subtasks of `task` this policy asks: where `CLINICAL` binds, never those no radiologist asks (rule None)."
-    return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.rules_apply(s) or CLINICAL[s] is not None)]
+    edge = lambda s: not (self.edge_distances and task == "DIST") or s in EDGE_SUBTASKS
+    return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.rules_apply(s) or CLINICAL[s] is not None) and edge(s)]
 
 @patch
 def generator(self: AskPolicy, sub: str) -> Callable:
@@ -136,8 +140,8 @@ def pairs_well(self: AskPolicy, item: Mapping, c: ScanContext) -> bool:
 
 # %% ../../nbs/20_questions/11_policy.ipynb #64ad6550
 def policy_from_params(p: Mapping) -> AskPolicy:
-    "The policy of params.yaml's `generate` section (`clinical`, `meaningful_sizes`; absent: the library's defaults)."
-    return AskPolicy(clinical=flag(p.get("clinical", False)), meaningful_sizes=flag(p.get("meaningful_sizes", False)))
+    "The policy of params.yaml's `generate` section (`clinical`, `meaningful_sizes`, `edge_distances`; absent: the library's defaults)."
+    return AskPolicy(**{k: flag(p.get(k, False)) for k in ("clinical", "meaningful_sizes", "edge_distances")})
 
 
 # %% ../../nbs/20_questions/11_policy.ipynb #44829eb6

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..measure import Structure
+from ..measure import NEAR_MM, Structure
 from .core import Geometry, _in_bin
 
 # %% auto #0
-__all__ = ['POINTS', 'PAIR_EDGES', 'phys_extent', 'box_distance']
+__all__ = ['POINTS', 'PAIR_EDGES', 'phys_extent', 'box_distance', 'edge_gap']
 
 # %% ../../nbs/20_questions/01_readings.ipynb #b5951354
 def _geoms(spec) -> list[Geometry]:
@@ -46,6 +46,13 @@ def _both(*truths: list) -> list[bool | None]:
 # %% ../../nbs/20_questions/01_readings.ipynb #bacb755e
 def _ev_range(t, tol_t, bins, span=None):
     return [_in_bin(t, lo, hi, tol_t, span) for lo, hi in bins]
+
+# %% ../../nbs/20_questions/01_readings.ipynb #cc22fc7b
+def edge_gap(a: Structure, b: Structure) -> float:
+    "The edge-to-edge gap (mm) between `a` and `b` (`Structure.near`); `NEAR_MM`, a lower bound, when `b` is farther."
+    if a.near is None: raise ValueError(f"{a.name} was measured without its neighbours (measure.with_near)")
+    return float(a.near.get(b.name, NEAR_MM))
+
 
 # %% ../../nbs/20_questions/01_readings.ipynb #236f1379
 PAIR_EDGES = {"COMP.asymmetry": (0.8, 1.0, 1.25), "DIR.level": (-10.0, 0.0, 10.0)}   # bin edges: ratio, mm

@@ -22,7 +22,7 @@ from ..anatomy import REFERENCE, typical_volume
 from ..core import _json_default, remember, stable_hash
 from ..stats import cross_fit as cross_fit_by
 from ..counterfactual import scan_family
-from ..measure import Structure
+from ..measure import NEAR_MM, Structure
 from ..prompt import build_prompt
 from ..parse import parse_answer
 from ..questions.core import LETTERS
@@ -339,7 +339,8 @@ class TextAnswerer:
 # %% ../../nbs/24_validate/01_answerers.ipynb #41aada6c
 def median_structure(name: str, ms: Sequence[Mapping]) -> Structure:
     """One `Structure` from the measurements `ms` of structure `name` in one or more scans: the median of each (a box
-    by its centre and its physical extent less the voxel box, as `questions.generate.measured_structure` rebuilds one)."""
+    by its centre and its physical extent less the voxel box, as `questions.generate.measured_structure` rebuilds one);
+    its edge-to-edge gaps too, where measurements record them (a scan without a neighbour counts it `NEAR_MM` away)."""
     a = np.asarray([[m.get("voxels"), m.get("volume_ml"), *m.get("centroid_mm"), *m.get("bbox_center_mm"),
                      *m.get("extent_mm"), *m.get("voxel_box_mm", [0.0] * 3)] for m in ms], float)
     if np.isnan(a).any(): med = np.median(a, axis=0)     # (NaN propagates as np.median has it)
@@ -348,7 +349,14 @@ def median_structure(name: str, ms: Sequence[Mapping]) -> Structure:
         med = a[h] if len(a) % 2 else (a[h - 1] + a[h]) / 2
     return measured_structure({"label": ms[0]["label"], "name": name, "voxels": int(med[0]), "volume_ml": float(med[1]),
                                "centroid_mm": med[2:5].tolist(), "bbox_center_mm": med[5:8].tolist(),
-                               "extent_mm": med[8:11].tolist(), "voxel_box_mm": med[11:14].tolist()})
+                               "extent_mm": med[8:11].tolist(), "voxel_box_mm": med[11:14].tolist(), **_median_near(ms)})
+
+def _median_near(ms: Sequence[Mapping]) -> dict:
+    "`{'near_mm': median gap per neighbour}` over the measurements that record gaps (none: empty)."
+    gaps = [m["near_mm"] for m in ms if m.get("near_mm") is not None]
+    if not gaps: return {}
+    med = {k: float(np.median([g.get(k, NEAR_MM) for g in gaps])) for k in sorted(set().union(*gaps))}
+    return {"near_mm": {k: v for k, v in med.items() if v < NEAR_MM}}
 
 def _settled(ev: dict) -> np.ndarray:
     "The options an `evaluate` result makes right (else those it leaves undecided), equally likely."
