@@ -19,7 +19,7 @@ from .choose import _free_axes, _item, _pair, _pick_set, _reference
 from .distractors import _clear, _edge, _numeric_variants, _range_variants, _threshold
 
 # %% auto #0
-__all__ = ['DIST_TEMPLATES', 'GAP_TEMPLATES', 'DIST_SUBTASKS', 'EDGE_SUBTASKS']
+__all__ = ['DIST_TEMPLATES', 'GAP_TEMPLATES', 'GAP_BOUNDS', 'DIST_SUBTASKS', 'EDGE_SUBTASKS']
 
 # %% ../../nbs/20_questions/05_distance.ipynb #7b5c719c
 DIST_TEMPLATES: dict[str, list[str]] = {
@@ -179,6 +179,8 @@ def _ev_gap_nearest(spec, S, G, robust=False):
 
 
 # %% ../../nbs/20_questions/05_distance.ipynb #87c0f3c1
+GAP_BOUNDS = (0.0, 4 * NEAR_MM)   # a gap's options: no 400-mm "gap" that a reader could rule out unseen
+
 def _gap_of(c, a: str, b: str) -> float | None:
     "The recorded gap between structures `a` and `b` of scan `c` (None: `NEAR_MM` or farther, or not measured)."
     near = c.s(a).near
@@ -197,7 +199,7 @@ def _g_gap_value(c, rng, focus, others=(), lesion=False):
     if not (got := c.pick(rng, apart)): return None
     b, spec = got[0], {"a": a, "b": got[0], "by": "surface"}
     return _item(c, "DIST.gap", [a, b], {"a": c.name(a), "b": c.name(b)}, spec, "mm", variants=_numeric_variants(
-        _gap_of(c, a, b), tol, "mm", rng, (0.0, 600.0), _clear(c, "DIST.gap", spec, _ev_gap_value)))
+        _gap_of(c, a, b), tol, "mm", rng, GAP_BOUNDS, _clear(c, "DIST.gap", spec, _ev_gap_value)))
 
 def _g_gap_nearest(c, rng, focus, others=(), lesion=False):
     if (ref := _lesion_or(c, rng, focus, lesion)) is None: return None

@@ -115,7 +115,8 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
         if not subs: continue
         order = [subs[i] for i in rng.permutation(len(subs))]
         for slot in range(n):
-            want_tumour = bool(tumours) and rng.random() < tumour_share
+            # every edge-to-edge distance starts from a lesion (`AskPolicy.edge_distances`): its slots all draw one
+            want_tumour = bool(tumours) and (rng.random() < tumour_share or bool(policy and policy.lesion_task(task)))
             want_accept = accept is not None and rng.random() < accept_share     # no draw without `accept`: same questions
             for attempt in range(max_tries * (2 if want_accept else 1)):
                 sub = order[(slot + attempt // 4) % len(order)]

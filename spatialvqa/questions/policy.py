@@ -116,6 +116,11 @@ def subtasks(self: AskPolicy, task: str) -> list[str]:
     return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.rules_apply(s) or CLINICAL[s] is not None) and edge(s)]
 
 @patch
+def lesion_task(self: AskPolicy, task: str) -> bool:
+    "Whether every question of `task` starts from a lesion under this policy (DIST under `edge_distances`)."
+    return self.edge_distances and task == "DIST"
+
+@patch
 def generator(self: AskPolicy, sub: str) -> Callable:
     "The generator of `sub`: where the rule binds, its `CLINICAL_GENERATORS` one (e.g. ratios of related structures)."
     return CLINICAL_GENERATORS.get(sub, GENERATORS[sub]) if self.rules_apply(sub) else GENERATORS[sub]
