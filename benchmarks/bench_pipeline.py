@@ -258,9 +258,10 @@ def stage_generate(ctx: dict) -> None:
     if flag(gen["verify"]):
         t0 = time.perf_counter()
         measured, problems = {}, []
+        edge = {s for r in ctx["questions"] if r["spec"].get("by") == "surface" for s in r["scan_ids"]}
         for _, s in scan_all.iterrows():
             lab = read_scan(s["labels"], None, s["scan_id"]).labels
-            measured[s["scan_id"]] = structures_of(lab.array, lab.affine)
+            measured[s["scan_id"]] = structures_of(lab.array, lab.affine, near=s["scan_id"] in edge)
         for r in ctx["questions"]: problems += check_record(r, measured)
         if problems: raise AssertionError(f"{len(problems)} questions do not re-derive from their masks:\n" + "\n".join(problems[:20]))
         ctx["detail"]["generate: verify (label maps re-read)"] = time.perf_counter() - t0

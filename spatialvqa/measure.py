@@ -571,8 +571,11 @@ def with_near(labels: np.ndarray, affine: np.ndarray, structures: Sequence[Struc
     world = {l: p @ A[:3, :3].T + A[:3, 3] for l, p in pts.items()}
     trees: dict[int, object] = {}
     near: dict[int, dict[str, float]] = {s.label: {} for s in ss}
-    for a, b in itertools.combinations(ss, 2):
-        if box_gap(a, b) >= reach: continue
+    lo, hi = np.array([s.bbox_min for s in ss]).reshape(-1, 3), np.array([s.bbox_max for s in ss]).reshape(-1, 3)
+    gap = np.maximum(0.0, np.maximum(lo[:, None] - hi[None], lo[None] - hi[:, None]))   # box_gap of every pair at once
+    close = np.linalg.norm(gap, axis=-1) < reach
+    for i, j in zip(*np.nonzero(np.triu(close, 1))):
+        a, b = ss[i], ss[j]
         if b.label in touch[a.label]: d = 0.0
         else:
             small, big = sorted((a.label, b.label), key=lambda l: len(world[l]))

@@ -186,15 +186,15 @@ class OracleAdapter(BaseAdapter):
         super().__init__(root=root, cache_scans=int(cache_scans), **kw)
         self._scans: OrderedDict[str, dict] = OrderedDict()
 
-    def _structures(self, path: str) -> dict:
+    def _structures(self, path: str, near: bool = False) -> dict:
         p = Path(path)
         if self.config["root"] and not p.is_absolute(): p = Path(self.config["root"]) / p
-        key = str(p)
+        key = (str(p), near)   # edge-to-edge questions need the neighbours' gaps too
         if key not in self._scans:
             from spatialvqa.questions.check import structures_of
             from spatialvqa.scan import read_labels
             lab = read_labels(p)
-            self._scans[key] = structures_of(lab.array, lab.affine)
+            self._scans[key] = structures_of(lab.array, lab.affine, near=near)
             while len(self._scans) > max(1, self.config["cache_scans"]): self._scans.popitem(last=False)
         self._scans.move_to_end(key)
         return self._scans[key]
@@ -204,5 +204,5 @@ class OracleAdapter(BaseAdapter):
         r = inp.record
         ids, maps = r.get("scan_ids") or [r.get("scan_id")], r.get("label_maps") or []
         if len(maps) != len(ids): raise PredictionError(f"oracle: {r['qid']} names {len(ids)} scans but {len(maps)} label maps")
-        ev = rederive(r, {s: self._structures(m) for s, m in zip(ids, maps)})
+        ev = rederive(r, {s: self._structures(m, r["spec"].get("by") == "surface") for s, m in zip(ids, maps)})
         return ev["answer_letter"] if r["format"] == "mc" else _fmt(ev["answer_value"], r.get("unit"))
