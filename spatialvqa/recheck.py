@@ -16,12 +16,13 @@ import numpy as np
 import pandas as pd
 
 import functools
+import itertools
 from .core import map_shares
-from .measure import Structure
+from .measure import NEAR_MM, Structure
 from .questions.registry import evaluate
 
 # %% auto #0
-__all__ = ['label_voxels', 'sitk_points', 'structures_from_points', 'recheck']
+__all__ = ['label_voxels', 'sitk_points', 'point_gaps', 'structures_from_points', 'recheck']
 
 # %% ../nbs/27_recheck.ipynb #be38ce19
 def label_voxels(a: np.ndarray) -> dict[int, np.ndarray]:
@@ -36,17 +37,18 @@ def label_voxels(a: np.ndarray) -> dict[int, np.ndarray]:
     return {int(l): idx[s:e] for l, s, e in zip(uniq, starts, [*starts[1:], len(nz)])}
 
 # %% ../nbs/27_recheck.ipynb #88e0c7ea
-def sitk_points(path: str | os.PathLike) -> tuple[dict[int, np.ndarray], float, str]:
-    """(label → RAS+ world coordinates (n, 3) of its voxel centres, volume of one voxel in mL, reader) of a label map,
-    from SimpleITK's geometry; `reader` is "SimpleITK", or "nibabel" for a file SimpleITK refuses (its affine then)."""
+def sitk_points(path: str | os.PathLike) -> tuple[dict[int, np.ndarray], float, str, np.ndarray]:
+    """(label → RAS+ world coordinates (n, 3) of its voxel centres, volume of one voxel in mL, reader, affine) of a
+    label map, from SimpleITK's geometry; `reader` is "SimpleITK", or "nibabel" for a file SimpleITK refuses (its
+    affine then); `affine` (4 × 4) takes a voxel index, in the reader's axis order, to RAS+ mm."""
     import SimpleITK as sitk
     try: img = sitk.ReadImage(str(path))
     except RuntimeError:
         import nibabel as nib
         n = nib.load(str(path))
-        a, A = np.asarray(n.dataobj), n.affine
+        a, A = np.asarray(n.dataobj), np.asarray(n.affine, float)
         pts = {l: idx.astype(float) @ A[:3, :3].T + A[:3, 3] for l, idx in label_voxels(a).items()}
-        return pts, float(abs(np.linalg.det(A[:3, :3]))) / 1000, "nibabel"
+        return pts, float(abs(np.linalg.det(A[:3, :3]))) / 1000, "nibabel", A
     a = sitk.GetArrayFromImage(img)                                  # (z, y, x)
     D = np.array(img.GetDirection()).reshape(3, 3)
     sp, org = np.array(img.GetSpacing()), np.array(img.GetOrigin())
@@ -54,53 +56,112 @@ def sitk_points(path: str | os.PathLike) -> tuple[dict[int, np.ndarray], float, 
     for l, idx in label_voxels(a).items():
         idx = idx[:, ::-1].astype(float)                             # (i, j, k) in SimpleITK's x, y, z order
         out[l] = (org + (idx * sp) @ D.T) * (-1, -1, 1)              # LPS -> RAS+
-    return out, float(np.prod(sp)) / 1000, "SimpleITK"
+    A = np.eye(4)
+    A[:3, :3], A[:3, 3] = (D * sp) * [[-1], [-1], [1]], org * (-1, -1, 1)
+    return out, float(np.prod(sp)) / 1000, "SimpleITK", A
+
+# %% ../nbs/27_recheck.ipynb #4f377f00
+def _surface(idx: np.ndarray) -> np.ndarray:
+    "Which of the voxels `idx` (n, 3 integer indices of one structure) have one of their 26 neighbours outside it."
+    from scipy import ndimage
+    lo = idx.min(0) - 1                                              # one empty voxel around the structure's box
+    m = np.zeros(idx.max(0) - lo + 2, np.uint8)
+    m[tuple((idx - lo).T)] = 1
+    inner = ndimage.minimum_filter(m, size=3, mode="constant", cval=0)   # a 3 × 3 × 3 erosion, one axis at a time
+    return inner[tuple((idx - lo).T)] == 0
+
+# %% ../nbs/27_recheck.ipynb #ceb5c4dc
+def point_gaps(points: Mapping, affine: np.ndarray, reach: float = NEAR_MM,
+               memo: dict | None = None) -> dict:
+    """Key → {other key: edge-to-edge gap in mm} for every two of the voxel-centre sets `points` (key → (n, 3) RAS+
+    mm) of one grid (`affine`: voxel index → RAS+ mm): 0 when they touch (26-neighbours), else the least distance
+    between their centres, rounded to µm; only gaps under `reach`. `memo`: a dict kept between calls on the same
+    sets (their surfaces and search trees, by key)."""
+    from scipy.spatial import cKDTree
+    A = np.asarray(affine, float)
+    memo = {} if memo is None else memo
+
+    def edge(n, k):
+        "Set `n`'s 0: box (lo, hi); 1, 2: its surface voxels' indices, centres; 3, 4: a KD-tree of either (built once)."
+        if n not in memo:
+            p = np.asarray(points[n], float)
+            idx = np.rint((p - A[:3, 3]) @ np.linalg.inv(A[:3, :3]).T).astype(np.int64)   # back to voxel indices
+            keep = _surface(idx)
+            memo[n] = [(p.min(0), p.max(0)), idx[keep], p[keep], None, None]
+        if memo[n][k] is None: memo[n][k] = cKDTree(memo[n][k - 2])
+        return memo[n][k]
+
+    out = {n: {} for n in points}
+    for a, b in itertools.combinations(points, 2):
+        (alo, ahi), (blo, bhi) = edge(a, 0), edge(b, 0)
+        if np.linalg.norm(np.maximum(0, np.maximum(alo - bhi, blo - ahi))) >= reach: continue
+        ia, ib = edge(a, 1), edge(b, 1)
+        near = ia[np.all((ia >= ib.min(0) - 1) & (ia <= ib.max(0) + 1), axis=1)]
+        if len(near) and np.isfinite(edge(b, 3).query(near, p=np.inf, distance_upper_bound=1.5)[0]).any(): d = 0.0
+        else:
+            wa = edge(a, 2)
+            wa = wa[np.all((wa >= blo - reach) & (wa <= bhi + reach), axis=1)]
+            d = float(edge(b, 4).query(wa, distance_upper_bound=reach)[0].min()) if len(wa) else math.inf
+        if d < reach: out[a][b] = out[b][a] = round(d, 3)
+    return out
 
 # %% ../nbs/27_recheck.ipynb #10afac6d
 def _named(record: Mapping) -> list[tuple[str, int]]:
     "(structure name, label) of every structure `record` reads: its `structures` and the spec's `a`, `b`, `ref`."
     lab = dict(zip(record["structures"], record["label_ids"]))
-    names = list(record["structures"]) + [record["spec"][k] for k in ("a", "b", "ref") if isinstance(record["spec"].get(k), str)]
+    spec = record["spec"]
+    names = list(record["structures"]) + [spec[k] for k in ("a", "b", "ref") if isinstance(spec.get(k), str)]
     return [(n, int(lab[n])) for n in dict.fromkeys(names) if n in lab]
 
 def structures_from_points(points: Mapping[int, np.ndarray], voxel_ml: float, record: Mapping,
-                           region: Mapping | None = None) -> dict[str, Structure]:
+                           region: Mapping | None = None, affine: np.ndarray | None = None,
+                           memo: dict | None = None) -> dict[str, Structure]:
     """The structures `record` reads, measured from voxel centres `points` (label → (n, 3) RAS+ mm), only the
-    centres inside `region` (`lo`, `hi` corners) when given; a structure without voxels there is left out."""
-    out = {}
+    centres inside `region` (`lo`, `hi` corners) when given; a structure without voxels there is left out. With
+    the grid's `affine` (voxel index → RAS+ mm), each one's `near`: its `point_gaps` to the others (`memo`: kept
+    between the records of one label map, used without a `region`)."""
+    pts = {}
     for name, label in _named(record):
         p = points.get(label)
         if p is None: continue
         if region: p = p[np.all((p >= np.asarray(region["lo"])) & (p <= np.asarray(region["hi"])), axis=1)]
-        if not len(p): continue
-        out[name] = Structure(label, name, len(p), len(p) * voxel_ml, tuple(p.mean(0)), tuple(p.min(0)), tuple(p.max(0)))
-    return out
+        if len(p): pts[label] = name, p
+    gaps = {} if affine is None else point_gaps({l: p for l, (_, p) in pts.items()}, affine,
+                                                memo=None if region else memo)
+    return {n: Structure(l, n, len(p), len(p) * voxel_ml, tuple(p.mean(0)), tuple(p.min(0)), tuple(p.max(0)),
+                         near=None if affine is None else {pts[o][0]: g for o, g in gaps[l].items()})
+            for l, (n, p) in pts.items()}
 
 # %% ../nbs/27_recheck.ipynb #c7bae157
 def _recheck_rows(records: Sequence[Mapping], root: str | os.PathLike, rel_tol: float) -> list[dict]:
-    "The rows of `recheck` for one share of the records; each label map read once."
+    "The rows of `recheck` for one share of the records; each label map read once, each surface found once."
     cache, rows = {}, []
     for r in records:
         structs, readers = [], set()
         for path in r["label_maps"]:
             p = Path(path) if Path(path).is_absolute() else Path(root) / path
-            if str(p) not in cache: cache[str(p)] = sitk_points(p)
-            pts, ml, reader = cache[str(p)]
+            if str(p) not in cache: cache[str(p)] = *sitk_points(p), {}
+            pts, ml, reader, affine, memo = cache[str(p)]
             readers.add(reader)
-            structs.append(structures_from_points(pts, ml, r, r["spec"].get("region")))
+            structs.append(structures_from_points(pts, ml, r, r["spec"].get("region"), affine, memo))
         try: ev = evaluate(dict(r), structs)
-        except (KeyError, ValueError, ZeroDivisionError) as e: ev = {"answer_letter": None, "answer_value": None, "error": str(e)}
+        except (KeyError, ValueError, ZeroDivisionError) as e:
+            ev = {"answer_letter": None, "answer_value": None, "error": str(e)}
         if r["format"] == "mc": key, got = r["answer_letter"], ev.get("answer_letter")
         else: key, got = r["answer_value"], ev.get("answer_value")
-        agree = got == key if r["format"] == "mc" else (got is not None and math.isclose(float(got), float(key), rel_tol=rel_tol))
-        rows.append(dict(qid=r["qid"], task=r["task"], key=key, recomputed=got, agree=bool(agree), reader="+".join(sorted(readers))))
+        if r["format"] == "mc": agree = got == key
+        else: agree = got is not None and math.isclose(float(got), float(key), rel_tol=rel_tol)
+        rows.append(dict(qid=r["qid"], task=r["task"], key=key, recomputed=got, agree=bool(agree),
+                         reader="+".join(sorted(readers))))
     return rows
 
-def recheck(records: Sequence[Mapping], root: str | os.PathLike = ".", rel_tol: float = 1e-6, workers: int = 1) -> pd.DataFrame:
-    """Every record's answer derived again (`questions.registry.evaluate`) from its label maps (paths relative to `root`) as
-    SimpleITK measures them (`sitk_points`): one row per record with `qid`, `task`, `key` and `recomputed` (letter,
-    or number for numeric questions), `agree` (the same letter; numbers within `rel_tol`), `reader`. `workers`:
-    processes, each given whole scans (the records that read the same label maps), the rows in the records' order."""
+def recheck(records: Sequence[Mapping], root: str | os.PathLike = ".", rel_tol: float = 1e-6,
+            workers: int = 1) -> pd.DataFrame:
+    """Every record's answer derived again (`questions.registry.evaluate`) from its label maps (paths relative to
+    `root`) as SimpleITK measures them (`sitk_points`, gaps by `point_gaps`): one row per record with `qid`, `task`,
+    `key` and `recomputed` (letter, or number for numeric questions), `agree` (the same letter; numbers within
+    `rel_tol`), `reader`. `workers`: processes, each given whole scans (the records that read the same label maps),
+    the rows in the records' order."""
     rows = map_shares(functools.partial(_recheck_rows, root=root, rel_tol=rel_tol), records, workers,
                       key=lambda r: tuple(r["label_maps"]), what="recheck")
     return pd.DataFrame(rows, columns=["qid", "task", "key", "recomputed", "agree", "reader"])
