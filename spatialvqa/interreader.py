@@ -11,7 +11,7 @@ import io
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ import pandas as pd
 from .anatomy import NAME_TO_ID, counterpart, readable, side
 from .core import parallel_map, series_colours
 from .inflate import gunzip_bytes
-from .measure import measure_labels, structures_table
+from .measure import NEAR_MM, measure_labels, near_json, read_near, structures_table, with_near
 from .questions.core import (LETTERS, MARGIN_QUANTITIES, MIN_VOLEST_RATIO, STRUCTURE_CLASSES, TASKS, Margins,
                                        pair_stem, structure_class, structure_from_row)
 from .questions.readings import box_distance
@@ -31,10 +31,11 @@ from .scan import ScanError, Volume, _check_geometry, _nrrd_ras_sign, read_volum
 from .stats import mra
 
 # %% auto #0
-__all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'WORLD_AXES', 'QUANTITY_COLUMNS', 'CLASS_EXAMPLES', 'our_name', 'read_mask',
-           'despeckle', 'ReaderMap', 'read_reader', 'two_reader_scans', 'measure_two_readers', 'paired', 'spreads',
-           'pair_differences', 'derive_margins', 'margins_table', 'pair_side_differences', 'derive_pair_margins',
-           'reader_tables', 'flip_study', 'flip_summary', 'holds', 'survival', 'held_out_flips', 'plot_interreader']
+__all__ = ['NIKOLOV_NAMES', 'READERS', 'SOURCE', 'GAP_REACH', 'WORLD_AXES', 'QUANTITY_COLUMNS', 'CLASS_EXAMPLES', 'our_name',
+           'read_mask', 'despeckle', 'ReaderMap', 'read_reader', 'two_reader_scans', 'measure_two_readers', 'paired',
+           'spreads', 'pair_differences', 'gap_differences', 'derive_margins', 'margins_table', 'pair_side_differences',
+           'derive_pair_margins', 'derive_surface_margins', 'uncovered_gaps', 'reader_tables', 'flip_study',
+           'flip_summary', 'holds', 'survival', 'held_out_flips', 'plot_interreader']
 
 # %% ../nbs/28_interreader.ipynb #a6614310
 NIKOLOV_NAMES: dict[str, str] = {
@@ -142,6 +143,7 @@ def read_reader(folder: str | Path, max_speck: int = 5) -> ReaderMap:
 
 # %% ../nbs/28_interreader.ipynb #8bae9cb4
 SOURCE = "tcia-hn-two-readers"
+GAP_REACH = 2 * NEAR_MM   # gaps measured this far here: a pair near for one reader has its gap for the other too
 
 def two_reader_scans(root: str | Path) -> list[dict]:
     "Every scan of the set under `root` (the `nrrds` folder): `scan_id`, `split` and each reader's segmentations folder."
@@ -163,7 +165,10 @@ class _MeasurePair:  # picklable for worker processes
         rows, scans = [], []
         for r in READERS:
             m = read_reader(case[r], self.max_speck)
-            t = structures_table(measure_labels(m.labels, m.affine, components=True, labelmap=m.names))
+            ss = measure_labels(m.labels, m.affine, components=True, labelmap=m.names)
+            ss = with_near(m.labels, m.affine, ss, reach=GAP_REACH)
+            t = structures_table([replace(s, near={k: v for k, v in s.near.items() if v < NEAR_MM}) for s in ss])
+            t["gaps_mm"] = [near_json(s.near) for s in ss]          # near_mm: < NEAR_MM; gaps_mm: to GAP_REACH
             t.insert(0, "reader", r)
             t.insert(0, "scan_id", case["scan_id"])
             rows += t.to_dict("records")
@@ -175,7 +180,8 @@ class _MeasurePair:  # picklable for worker processes
 def measure_two_readers(root: str | Path, scan_ids: Sequence[str] | None = None, max_speck: int = 5,
                         workers: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both readers' label maps of every scan (or of `scan_ids`) measured: (structures table with a `reader` column,
-    scans table with each reader's grid, empty masks, overlaps and specks), sorted by scan, reader and label."""
+    `near_mm` and the gaps out to `GAP_REACH` in `gaps_mm`; scans table with each reader's grid, empty masks, overlaps
+    and specks), sorted by scan, reader and label."""
     cases = two_reader_scans(root)
     if scan_ids is not None:
         missing = sorted(set(scan_ids) - {c["scan_id"] for c in cases})
@@ -248,6 +254,30 @@ def pair_differences(structures: pd.DataFrame, a: str = READERS[0], b: str = REA
             rows.append(r)
     return pd.DataFrame(rows)
 
+# %% ../nbs/28_interreader.ipynb #9be8c854
+def gap_differences(structures: pd.DataFrame, a: str = READERS[0], b: str = READERS[1],
+                    reach: float = NEAR_MM) -> pd.DataFrame:
+    """One row per scan and unordered pair `x < y` of structures both readers contoured, with a gap under `reach` for
+    at least one: both gaps (mm), `gap` (`b` minus `a`), the classes, each structure's smaller voxel count over the two
+    readers, and `censored` when a gap lies beyond what the table holds (then counted as that far: a lower bound)."""
+    col, far = ("gaps_mm", GAP_REACH) if "gaps_mm" in structures else ("near_mm", NEAR_MM)
+    rows = []
+    for sid, g in structures.groupby("scan_id", sort=True):
+        R = {r: g[g.reader == r].set_index("name") for r in (a, b)}
+        G = {r: {n: read_near(v) or {} for n, v in R[r][col].items()} for r in (a, b)}
+        vox = lambda n: int(min(R[a].loc[n, "voxels"], R[b].loc[n, "voxels"]))
+        for x, y in itertools.combinations(sorted(set(R[a].index) & set(R[b].index)), 2):
+            ga, gb = G[a][x].get(y), G[b][x].get(y)
+            if min(far if v is None else v for v in (ga, gb)) >= reach: continue
+            rows.append({"scan_id": sid, "x": x, "y": y, "classes": "|".join(sorted(map(structure_class, (x, y)))),
+                         "voxels_x": vox(x), "voxels_y": vox(y), "gap_a": far if ga is None else ga,
+                         "gap_b": far if gb is None else gb, "censored": ga is None or gb is None})
+    cols = ["scan_id", "x", "y", "classes", "voxels_x", "voxels_y", "gap_a", "gap_b", "censored"]
+    out = pd.DataFrame(rows, columns=cols)
+    out["gap"] = (out.gap_b - out.gap_a).round(9)
+    return out
+
+
 # %% ../nbs/28_interreader.ipynb #3bb486f7
 def _ceil(v: float, step: float) -> float:
     return round(math.ceil(v / step - 1e-9) * step, 6)
@@ -288,12 +318,13 @@ CLASS_EXAMPLES = {"tiny": "eye_lens_left", "gland": "parotid_gland_left", "bone"
                   "organ": "brainstem", "large_organ": "brain", "lesion": "kidney_tumor"}   # a structure of each class (`margins_table`)
 
 def margins_table(m: Margins) -> pd.DataFrame:
-    "One row per structure class: the volume margin (as |ln V2/V1| and as a factor) and the mm margins per axis."
+    "One row per class: the volume margin (as |ln V2/V1| and as a factor), the mm margins per axis, the edge's (mm)."
     rows = []
     for cls in STRUCTURE_CLASSES:
         r = {"class": cls, "volume_ln": m.of("volume", CLASS_EXAMPLES[cls])}
         r["volume_factor"] = math.exp(r["volume_ln"])
         for q in MARGIN_QUANTITIES[1:]: r.update({f"{q}_{a}": float(v) for a, v in zip(WORLD_AXES, m.of(q, CLASS_EXAMPLES[cls]))})
+        r["surface"] = m.of("surface", CLASS_EXAMPLES[cls])
         rows.append(r)
     return pd.DataFrame(rows)
 
@@ -327,6 +358,36 @@ def derive_pair_margins(pdiffs: pd.DataFrame, percentile: float = 100, safety: f
         out["pair_volume"][stem] = q("pair_volume", 0.01)
         out["pair_centroid"][stem] = tuple(q(f"pair_centroid_{ax}", 0.1) for ax in WORLD_AXES)
     return out
+
+# %% ../nbs/28_interreader.ipynb #24ea05ad
+def derive_surface_margins(gaps: pd.DataFrame, percentile: float = 100, min_voxels: int = 50, safety: float = 1.0,
+                           min_pairs: int | None = 20) -> dict[str, float]:
+    """`Margins.surface` from `gap_differences`: half of each pair's |change| goes to each of its two structures (both
+    with at least `min_voxels` voxels in both readers); per class, and per structure in at least `min_pairs` scans, the
+    `percentile` of the halves it got, times `safety`, rounded up to 0.1 mm. A class without data takes the widest other
+    than tubes; the two sides of a pair take the larger of their two."""
+    d = gaps[(gaps.voxels_x >= min_voxels) & (gaps.voxels_y >= min_voxels)]
+    half = np.abs(d.gap.to_numpy()) / 2
+    q = lambda sel: _ceil(safety * float(np.percentile(half[sel], percentile)), 0.1)
+    cx, cy = d.x.map(structure_class).to_numpy(), d.y.map(structure_class).to_numpy()
+    out = {c: q((cx == c) | (cy == c)) for c in STRUCTURE_CLASSES if ((cx == c) | (cy == c)).any()}
+    if not out: return {}
+    widest = max(v for k, v in out.items() if k != "tube") if set(out) - {"tube"} else out["tube"]
+    out = {c: out.get(c, widest) for c in STRUCTURE_CLASSES}
+    inn = {n: ((d.x == n) | (d.y == n)).to_numpy() for n in sorted({*d.x, *d.y})}
+    names = [n for n, sel in inn.items() if min_pairs is not None and d.scan_id[sel].nunique() >= min_pairs]
+    out.update({n: q(inn[n]) for n in names})
+    for n in names:
+        if (m := counterpart(n)) in names and n < m: out[n] = out[m] = max(out[n], out[m])
+    return out
+
+def uncovered_gaps(gaps: pd.DataFrame, margins: Margins, min_voxels: int = 50) -> pd.DataFrame:
+    "The pairs of `gap_differences` (both structures >= `min_voxels`) whose |change| exceeds surface(x) + surface(y)."
+    d = gaps[(gaps.voxels_x >= min_voxels) & (gaps.voxels_y >= min_voxels)]
+    room = np.asarray([margins.of("surface", x) + margins.of("surface", y) for x, y in zip(d.x, d.y)])
+    over = np.abs(d.gap.to_numpy()) > room + 1e-9
+    return d[over].assign(margin=room[over])
+
 
 # %% ../nbs/28_interreader.ipynb #136a7f7a
 def reader_tables(structures: pd.DataFrame, scans: pd.DataFrame, reader: str, both: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:

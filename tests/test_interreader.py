@@ -1,10 +1,12 @@
 """Keys that hold under a second expert's contours (issue 21, item 4): on scans of Nikolov et al. 2018's two-reader set
 (read from ../shared/data), today's rules give keys that flip between the radiographer's and the oncologist's masks,
 and the margins of params.yaml (generate.margins) give none; those margins are the ones the interreader stage measured;
-and questions generated with them still re-derive from their label maps."""
+their edge margins cover every measured change of an edge-to-edge gap; and questions generated with them still
+re-derive from their label maps."""
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from spatialvqa.questions.core import MARGIN_QUANTITIES, Margins, STRUCTURE_CLASSES, TASKS, TASK_QUANTITIES
@@ -12,7 +14,8 @@ from spatialvqa.questions.registry import evaluate
 from spatialvqa.questions.check import check_record, structures_of
 from spatialvqa.questions.generate import generate_questions
 from spatialvqa.core import load_params, read_json, shared_data
-from spatialvqa.interreader import flip_study, flip_summary, measure_two_readers
+from spatialvqa.interreader import (derive_surface_margins, flip_study, flip_summary, gap_differences,
+                                    measure_two_readers, uncovered_gaps)
 from spatialvqa.measure import measure_manifests
 from spatialvqa.phantom.cohort import make_cohort
 from spatialvqa.scan import read_scan
@@ -45,7 +48,7 @@ def test_today_flips_margins_do_not(two_readers):
 def test_params_margins_are_the_measured_ones():
     "generate.margins are what the interreader stage derived (results/interreader/margins.json), not more, not less."
     measured = Margins.from_dict({k: v for k, v in read_json(ROOT / "results" / "interreader" / "margins.json").items()})
-    for q in MARGIN_QUANTITIES:   # every structure class, and the structures measured on their own (by name)
+    for q in (*MARGIN_QUANTITIES, "surface"):   # every structure class, and the structures measured on their own
         assert set(STRUCTURE_CLASSES) <= set(getattr(MARGINS, q)), q
         assert set(getattr(MARGINS, q)) == set(getattr(measured, q)), q
         for key in getattr(measured, q):
@@ -53,6 +56,32 @@ def test_params_margins_are_the_measured_ones():
     assert "interreader" in MARGINS.provenance
     s = read_json(ROOT / "results" / "interreader" / "summary.json")
     assert s["flipped_after"] == 0 < s["flipped_before"] and s["questions_after"] >= 0.9 * s["questions_before"]   # 1,887 of 2,030
+
+
+def test_surface_margins_cover_every_gap(two_readers):
+    """Edge margins: on the whole two-reader set (the stage's results/interreader/gaps.csv, 35 scans) every pair of
+    structures within 30 mm for a reader changes its edge-to-edge gap by at most surface(x) + surface(y), with the
+    margins derived from it and with params.yaml's, which are at least the derived ones; and that table is what the
+    label maps give (the fixture's scans measured here, gaps and all)."""
+    gaps = pd.read_csv(ROOT / "results" / "interreader" / "gaps.csv", dtype={"scan_id": str})
+    asked = gaps[(gaps.voxels_x >= 50) & (gaps.voxels_y >= 50)]
+    assert gaps.scan_id.nunique() == 35 and len(asked) >= 1500 and not gaps.censored.any()
+    derived = Margins(surface=derive_surface_margins(gaps))
+    assert len(uncovered_gaps(gaps, derived)) == 0
+    assert len(uncovered_gaps(gaps, MARGINS)) == 0
+    room = np.array([MARGINS.of("surface", x) + MARGINS.of("surface", y) for x, y in zip(asked.x, asked.y)])
+    assert (np.abs(asked.gap.to_numpy()) <= room + 1e-9).all()       # the inequality itself, not only the helper
+    assert set(derived.surface) >= set(STRUCTURE_CLASSES)
+    for key, v in derived.surface.items(): assert MARGINS.of("surface", key) >= v - 1e-9, (key, v)
+    assert asked.gap.abs().max() > 15          # a split optic nerve: 14.7 -> 32.1 mm, beyond NEAR_MM for one reader
+    st, _ = two_readers
+    live = gap_differences(st)
+    assert len(uncovered_gaps(live, MARGINS)) == 0
+    live = live.set_index(["scan_id", "x", "y"])
+    table = gaps[gaps.scan_id.isin(SCANS)].set_index(["scan_id", "x", "y"])
+    assert sorted(live.index) == sorted(table.index)
+    cols = ["gap_a", "gap_b"]
+    assert np.allclose(live.loc[table.index, cols].to_numpy(), table[cols].to_numpy(), atol=1e-6)
 
 
 def test_margins_questions_rederive_from_label_maps(tmp_path):
