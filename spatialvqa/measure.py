@@ -33,16 +33,13 @@ __all__ = ['SPECK', 'NEAR_MM', 'STRUCTURE_COLUMNS', 'SCAN_COLUMNS', 'Structure',
 
 # %% ../nbs/15_measure.ipynb #d62ae325
 _AXES = ("lr", "ap", "si")
-
 @dataclass(frozen=True)
 class Structure:
-    """One labelled structure of a label map, measured over its voxel centres in RAS+ world mm.
-
-    `bbox_min`/`bbox_max`: the axis-aligned box in world mm; `index_min`/`index_max`: the inclusive voxel-index box
-    in the array's own axes (for cropping); `components`: connected pieces (None when not counted); `stray_mm`: how far
-    its specks (pieces under `SPECK` of it) stretch the box beyond its other pieces', in mm (None when not counted);
-    `near`: the edge-to-edge gap in mm to every structure closer than `NEAR_MM`, by name (`with_near`; None when not
-    measured)."""
+    """One labelled structure of a label map, measured over its voxel centres in RAS+ world mm: `bbox_min`/`bbox_max`
+    its world box; `index_min`/`index_max` the inclusive voxel-index box in the array's own axes (for cropping);
+    `components` its connected pieces; `stray_mm` how far its specks (pieces under `SPECK` of it) stretch the box beyond
+    its other pieces' (mm); `near` the edge-to-edge gap (mm) to each structure closer than `NEAR_MM`, by name
+    (`with_near`). None: not counted, not measured."""
     label: int
     name: str
     voxels: int
@@ -560,6 +557,7 @@ def _touching(labels: np.ndarray, pts: np.ndarray) -> set[int]:
         out.update(np.unique(labels[q[:, 0], q[:, 1], q[:, 2]]).tolist())
     return out
 
+# %% ../nbs/15_measure.ipynb #d945e357
 def with_near(labels: np.ndarray, affine: np.ndarray, structures: Sequence[Structure],
               reach: float = NEAR_MM) -> list[Structure]:
     "`structures` with `near`: the `surface_distance` (mm) to every other structure closer than `reach`, by name."
@@ -583,7 +581,6 @@ def with_near(labels: np.ndarray, affine: np.ndarray, structures: Sequence[Struc
             d = float(trees[big].query(world[small], k=1, distance_upper_bound=reach)[0].min())
         if d < reach: near[a.label][b.name], near[b.label][a.name] = round(d, 3), round(d, 3)
     return [replace(s, near=near[s.label]) for s in ss]
-
 
 # %% ../nbs/15_measure.ipynb #e3c6d4a6
 def scan_info(scan: Scan) -> dict:

@@ -111,6 +111,30 @@ def sitk_structures(path: Path, names: dict) -> dict:
     return out
 
 
+def sitk_gaps(path: Path, names: dict, structs: dict, among) -> dict:
+    """`structs` with `near` for the structures `among`, with SimpleITK alone: 0 where a dilation of one by a voxel
+    meets the other (26 neighbours), else the least of the other's Maurer distance map over the first's voxels."""
+    from dataclasses import replace
+    from spatialvqa.measure import NEAR_MM
+    img = sitk.ReadImage(str(path))
+    arr = sitk.GetArrayFromImage(img)
+    ids = {n: structs[n].label for n in among if n in structs}
+    out = dict(structs)
+    near = {n: {} for n in ids}
+    for b, lb in ids.items():
+        mask = sitk.Cast(img == lb, sitk.sitkUInt8)
+        dm = sitk.GetArrayFromImage(sitk.SignedMaurerDistanceMap(mask, insideIsPositive=False, squaredDistance=False,
+                                                                useImageSpacing=True))
+        grown = sitk.GetArrayFromImage(sitk.BinaryDilate(mask, [1, 1, 1], sitk.sitkBox)).astype(bool)
+        for a, la in ids.items():
+            if a == b: continue
+            va = arr == la
+            d = 0.0 if (grown & va).any() else float(dm[va].min())
+            if d < NEAR_MM: near[a][structs[b].name] = d
+    for n in ids: out[n] = replace(structs[n], near=near[n])
+    return out
+
+
 # ---------------------------------------------------------------- mirror
 def test_mirror_reflects_every_structure(any_scan):
     scan = any_scan
@@ -276,18 +300,25 @@ def test_pairs_rederived_and_checked_with_simpleitk(written):
     assert "mirror" in {p["counterfactual"] for p in flips} and "resize" in {p["counterfactual"] for p in pairs}
     ent = {e["scan_id"]: e for e in written["entries"]}
     sk = {sid: sitk_structures(written["dir"] / "cf" / e["labels"], e["label_names"]) for sid, e in ent.items()}
+    gaps_checked = 0
     for p in pairs:
         r = recs[p["pair_of"]]
         assert p["qid"] == p["pair_id"] == f"{r['qid']}~{p['counterfactual']}"
         assert (p["question"], p["options"], p["spec"]) == (r["question"], r["options"], r["spec"])
         assert p["source"] == ent[p["scan_id"]]["source"]
         # the answer again, from SimpleITK's measurements of the written copy
-        ev = evaluate(p, [sk[p["scan_id"]]] + [None] * 0)
+        st = sk[p["scan_id"]]
+        if p["spec"].get("by") == "surface":          # edge-to-edge: SimpleITK's distance maps give the gaps
+            e = ent[p["scan_id"]]
+            st = sitk_gaps(written["dir"] / "cf" / e["labels"], e["label_names"], st, p["structures"])
+            gaps_checked += 1
+        ev = evaluate(p, [st])
         if p["format"] == "mc":
             assert ev["answer_letter"] == p["answer_letter"], p["qid"]
             assert p["flipped"] == (p["answer_letter"] != r["answer_letter"])
         else:
             assert math.isclose(ev["answer_value"], p["answer_value"], rel_tol=1e-9)
+    assert gaps_checked >= 1, "no edge-to-edge twin: the SimpleITK gaps were never compared"
     # and for a sample, the answer derived directly from SimpleITK numbers, without the project's evaluate
     checked = 0
     for p in pairs:

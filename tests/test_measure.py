@@ -358,7 +358,7 @@ def test_measure_file_contract(tmp_path):
     assert res["scan"]["labels"] == str(lab) and res["scan"]["image"] == str(img) and res["scan"]["axcodes"] == "LAI"
     assert res["scan"]["shape"] == list(a.shape)
     keys = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components",
-            "stray_mm"]
+            "stray_mm", "near_mm"]
     assert all(list(s) == keys for s in res["structures"])
     assert [s["label"] for s in res["structures"]] == sorted(set(np.unique(a).tolist()) - {0})
     s = {x["label"]: x for x in res["structures"]}

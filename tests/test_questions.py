@@ -346,8 +346,8 @@ def test_pipeline_benchmark():
 # The questions of the shared 4-phantom benchmark, hashed (their file paths aside: they name the session's temporary
 # folder). A refactor of spatialvqa.questions or spatialvqa.phantom must leave this unchanged; a change meant to alter
 # the questions updates it, and says so in its commit (the pipeline's results then change too).
-# phantom 4 (perirenal fat); ladders whose play shrinks to the plausible range; two lesions are related
-GOLDEN_QUESTIONS = ("018e3c57b35b56024284757045337fa51519e069b90bb4d578ce3fce22f7d2ad", 116)
+# edge-to-edge DIST (DIST.gap, DIST.nearest join the library's default subtasks; the structures table carries near_mm)
+GOLDEN_QUESTIONS = ("edd293a2a1444c47e9fe9ec86e759028cd04cbe143d77c41e909c11e222ad103", 116)
 
 
 def test_generated_questions_are_byte_for_byte_todays(phantom_benchmark):

@@ -156,7 +156,8 @@ GAP_TEMPLATES: dict[str, list[str]] = {
         "Which of these structures comes closest to {ref}, measured edge to edge?",
         "Measuring the shortest edge-to-edge distance, which of these structures lies nearest to {ref}?"],
 }
-_GAP_CONVENTION = "Distances are in millimetres between the closest points of the structures' edges (0 where they touch)."
+_GAP_CONVENTION = ("Distances are in millimetres between the closest points of the structures' edges "
+                   "(0 where they touch).")
 
 def _gap_margin(spec, a: str, b: str) -> float:
     "How far a second reader may move the edge-to-edge gap between `a` and `b` (mm): their two `surface` margins."
@@ -192,6 +193,7 @@ def _lesion_or(c, rng, focus, lesion: bool) -> str | None:
     got = c.pick(rng, [n for n in c.pool if is_tumour(n)] if lesion else None)
     return got[0] if got else None
 
+# %% ../../nbs/20_questions/05_distance.ipynb #ec922f10
 def _g_gap_value(c, rng, focus, others=(), lesion=False):
     if (a := _lesion_or(c, rng, focus, lesion)) is None: return None
     tol, mg = _dist_tol(c.geom), lambda b: _gap_margin({"margins": c.margins.for_spec([a, b], "DIST")}, a, b)
@@ -212,7 +214,6 @@ def _g_gap_nearest(c, rng, focus, others=(), lesion=False):
     if not names: return None
     return _item(c, "DIST.nearest", [ref], {"ref": c.name(ref)}, {"ref": ref, "by": "surface"},
                  options=[c.opt(n) for n in names], option_structures=True)
-
 
 # %% ../../nbs/20_questions/05_distance.ipynb #675101b7
 DIST_SUBTASKS = (

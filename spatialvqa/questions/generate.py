@@ -218,7 +218,8 @@ def measured_structure(m: Mapping) -> Structure:
                      tuple((c - half).tolist()), tuple((c + half).tolist()), near=read_near(m.get("near_mm")))
 
 def _measure_record(c: ScanContext, n: str, among: Iterable[str] | None = None) -> dict:
-    return measurement(c.scan_id, n, c.s(n), c.geom, None if among is None else [c.s(x).name for x in among if x in c.structs])
+    names = None if among is None else [c.s(x).name for x in among if x in c.structs]
+    return measurement(c.scan_id, n, c.s(n), c.geom, names)
 
 # %% ../../nbs/20_questions/13_generate.ipynb #a59f71ea
 def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict:

@@ -105,7 +105,8 @@ CLINICAL_LENGTHS = frozenset({"kidney_left", "kidney_right", "spleen", "liver",
 
 @patch
 def rules_apply(self: AskPolicy, sub: str) -> bool:
-    "Whether `CLINICAL`'s rule binds `sub`: always under `clinical`; `SIZE_TASKS`' under `meaningful_sizes`; DIST's under `edge_distances`."
+    """Whether `CLINICAL`'s rule binds `sub`: always under `clinical`; `SIZE_TASKS`' under `meaningful_sizes`; DIST's
+    under `edge_distances`."""
     task = sub.split(".")[0]
     return self.clinical or (self.meaningful_sizes and task in SIZE_TASKS) or (self.edge_distances and task == "DIST")
 
@@ -113,12 +114,8 @@ def rules_apply(self: AskPolicy, sub: str) -> bool:
 def subtasks(self: AskPolicy, task: str) -> list[str]:
     "The subtasks of `task` this policy asks: where `CLINICAL` binds, never those no radiologist asks (rule None)."
     edge = lambda s: not (self.edge_distances and task == "DIST") or s in EDGE_SUBTASKS
-    return [s for s in SUBTASKS if s.split(".")[0] == task and (not self.rules_apply(s) or CLINICAL[s] is not None) and edge(s)]
-
-@patch
-def lesion_task(self: AskPolicy, task: str) -> bool:
-    "Whether every question of `task` starts from a lesion under this policy (DIST under `edge_distances`)."
-    return self.edge_distances and task == "DIST"
+    return [s for s in SUBTASKS
+            if s.split(".")[0] == task and (not self.rules_apply(s) or CLINICAL[s] is not None) and edge(s)]
 
 @patch
 def generator(self: AskPolicy, sub: str) -> Callable:
@@ -142,10 +139,14 @@ def pairs_well(self: AskPolicy, item: Mapping, c: ScanContext) -> bool:
         return _lesion(a) or (a in CLINICAL_LENGTHS and item["spec"].get("axis") == 2)
     return rule == "any"
 
+@patch
+def lesion_task(self: AskPolicy, task: str) -> bool:
+    "Whether every question of `task` starts from a lesion under this policy (DIST under `edge_distances`)."
+    return self.edge_distances and task == "DIST"
 
 # %% ../../nbs/20_questions/11_policy.ipynb #64ad6550
 def policy_from_params(p: Mapping) -> AskPolicy:
-    "The policy of params.yaml's `generate` section (`clinical`, `meaningful_sizes`, `edge_distances`; absent: the library's defaults)."
+    "The policy of params.yaml's `generate` section (its `clinical`, `meaningful_sizes`, `edge_distances`; absent: False)."
     return AskPolicy(**{k: flag(p.get(k, False)) for k in ("clinical", "meaningful_sizes", "edge_distances")})
 
 
