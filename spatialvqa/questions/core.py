@@ -133,7 +133,7 @@ PAIR_QUANTITIES = ("pair_volume", "pair_centroid")   # of a left-right pair toge
 PAIR_TASKS = {"COMP": "pair_volume", "DIR": "pair_centroid"}
 EDGE_QUANTITY = "surface"   # how far a second reader moves a structure's edge (mm): a gap moves by its two structures' sum
 SCALAR_QUANTITIES = ("volume", "pair_volume", EDGE_QUANTITY)
-TASK_QUANTITIES = {"DIR": ("centroid", "bbox_center"), "DIST": ("bbox_center", EDGE_QUANTITY), "EXT": ("extent",),
+TASK_QUANTITIES = {"DIR": ("centroid", "bbox_center", EDGE_QUANTITY), "DIST": ("bbox_center", EDGE_QUANTITY), "EXT": ("extent",),
                    "VOL": ("volume",), "COMP": ("volume",), "VOLEST": ("volume",)}
 STRUCTURE_CLASSES = ("tiny", "gland", "bone", "tube", "organ", "large_organ", "lesion")
 # contoured length set by where the contouring starts and stops (or the scan), not by anatomy

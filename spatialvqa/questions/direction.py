@@ -10,12 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..measure import direction, offset
-from .core import DIR_RATIO, DIRECTIONS, Geometry, Subtask, _argbest, _level, _mg, direction_margin, pair_stem
-from .readings import POINTS, _both, _in_bins, _point
+from ..anatomy import TUMOURS
+from .core import (DIR_RATIO, DIRECTIONS, Geometry, Subtask, _argbest, _cap, _level, _mg, direction_margin,
+                                       pair_stem, phrase)
+from .readings import POINTS, _both, _in_bins, _point, edge_gap
+from .distance import _gap_margin
 from .choose import _item, _pair, _pair_item, _pick_set, _reference, _sides, positional
 
 # %% auto #0
-__all__ = ['DIR_TEMPLATES', 'DIR_SUBTASKS']
+__all__ = ['DIR_TEMPLATES', 'HOST_TEMPLATES', 'LOBED', 'DIR_SUBTASKS']
 
 # %% ../../nbs/20_questions/04_direction.ipynb #93e22ebb
 DIR_TEMPLATES: dict[str, list[str]] = {
@@ -171,10 +174,38 @@ def _g_dir_level(c, rng, focus, others=()):
     d = float(np.asarray(c.s(a).centroid)[ax] - np.asarray(c.s(b).centroid)[ax])
     return _pair_item(c, rng, "DIR.level", (a, b), d, {"which": _LEVEL_WORD[ax]}, {"axis": ax})
 
+# %% ../../nbs/20_questions/04_direction.ipynb #288d489b
+HOST_TEMPLATES: dict[str, list[str]] = {"DIR.host": ["In which lobe of the lung does {t} lie?",
+                                                     "Which lobe of the lung holds {t}?", "{T} lies in which lobe of the lung?"]}
+_HOST_CONVENTION = "A lesion lies in the lobe whose edge it meets; the lobes it does not touch do not hold it."
+LOBED = ("lung_tumor", "lung_nodule")   # lesions asked about by the lobe that holds them
+
+def _ev_dir_host(spec, S, G, robust=False):
+    t, tol = S[0][spec["t"]], G[0].diag
+    gaps = [edge_gap(t, S[0][n]) for n in spec["options"]]
+    w = [_gap_margin(spec, spec["t"], n) if robust else 0.0 for n in spec["options"]]
+    return [True if g == 0 else False if g > tol + e else None for g, e in zip(gaps, w)], None, \
+        {"gap_mm": dict(zip(spec["options"], gaps))}
+
+def _g_dir_host(c, rng, focus, others=()):
+    ts = [n for n in c.pool if n in LOBED and c.s(n).near is not None and (not focus or n == focus)]
+    if not ts: return None
+    t = ts[int(rng.integers(len(ts)))]
+    gap, tol = (lambda h: edge_gap(c.s(t), c.s(h))), c.geom.diag
+    lobes = [h for h in TUMOURS[t].hosts if h in c.pool]
+    holds = [h for h in lobes if gap(h) == 0]
+    apart = [h for h in lobes if gap(h) > tol + c.margins.of("surface", t) + c.margins.of("surface", h)]
+    if len(holds) != 1 or len(apart) < 3: return None
+    names = [holds[0], *(apart[i] for i in rng.choice(len(apart), 3, replace=False))]
+    return _item(c, "DIR.host", [t], {"t": phrase(t), "T": _cap(phrase(t))}, {"t": t, "by": "surface"},
+                 options=[c.opt(n) for n in names], option_structures=True, hostless=True)
+
+
 # %% ../../nbs/20_questions/04_direction.ipynb #21a6ab00
 DIR_SUBTASKS = (
     Subtask("DIR.relative", DIR_TEMPLATES["DIR.relative"], _DIR_CONVENTION, _ev_dir_relative, _g_dir_relative, "lesion"),
     Subtask("DIR.extreme", DIR_TEMPLATES["DIR.extreme"], _DIR_CONVENTION, _ev_dir_extreme, _g_dir_extreme, None),
     Subtask("DIR.relative_to", DIR_TEMPLATES["DIR.relative_to"], _DIR_CONVENTION, _ev_dir_relative_to, _g_dir_relative_to, "ref_lesion"),
     Subtask("DIR.level", DIR_TEMPLATES["DIR.level"], _LEVEL_CONVENTION, _ev_dir_level, _g_dir_level, "kidney"),
+    Subtask("DIR.host", HOST_TEMPLATES["DIR.host"], _HOST_CONVENTION, _ev_dir_host, _g_dir_host, "lesion"),
 )

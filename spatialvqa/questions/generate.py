@@ -259,7 +259,7 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
         "unit": unit, "tolerance": None if tol is None else float(tol),
         "structures": structures, "label_ids": [int(c.structs[n].label) if n in c.structs else None for n in structures],
         "organ": organ_group(subject) if subject else None, "tumour_type": subject if subject in tumours else None,
-        "hosts": {t: c.hosts[t] for t in tumours if t in c.hosts},
+        "hosts": {} if it.get("hostless") else {t: c.hosts[t] for t in tumours if t in c.hosts},   # named by its host
         "spec": spec,
         "measurements": {"structures": [_measure_record(x, n, asked if spec.get("by") == "surface" else None)
                                         for x in scans for n in asked if n in x.structs],
