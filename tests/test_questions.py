@@ -346,8 +346,8 @@ def test_pipeline_benchmark():
 # The questions of the shared 4-phantom benchmark, hashed (their file paths aside: they name the session's temporary
 # folder). A refactor of spatialvqa.questions or spatialvqa.phantom must leave this unchanged; a change meant to alter
 # the questions updates it, and says so in its commit (the pipeline's results then change too).
-# edge-to-edge DIST (DIST.gap, DIST.nearest join the library's default subtasks; the structures table carries near_mm)
-GOLDEN_QUESTIONS = ("edd293a2a1444c47e9fe9ec86e759028cd04cbe143d77c41e909c11e222ad103", 116)
+# edge-to-edge DIST (DIST.gap, DIST.nearest) and DIR.host join the library's default subtasks (near_mm in the table)
+GOLDEN_QUESTIONS = ("70a0a7f7d35093c7eec4eb997fcf672be43f36aefb99608637b190b4a42a0c87", 116)
 
 
 def test_generated_questions_are_byte_for_byte_todays(phantom_benchmark):
