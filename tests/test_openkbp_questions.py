@@ -39,7 +39,7 @@ def test_ptvs_stay_labels_and_are_never_asked(asked):
     # the label maps keep the targets (every one of the six patients has them) ...
     assert table.scan_id[table.name.isin(targets)].nunique() == len(PATIENTS)
     # ... and no question, option or measurement names one
-    assert len(qs) > 50
+    assert len(qs) > 30   # 35: no DIST here since DIST asks edge to edge from a lesion (generate.edge_distances)
     for q in qs:
         names = {m["name"] for m in (q.get("measurements") or {}).get("structures") or []}
         assert not names & targets, q["qid"]
