@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..measure import direction, offset
-from ..anatomy import TUMOURS
+from ..anatomy import TUMOURS, side
 from .core import (DIR_RATIO, DIRECTIONS, Geometry, Subtask, _argbest, _cap, _level, _mg, direction_margin,
                                        pair_stem, phrase)
-from .readings import POINTS, _both, _in_bins, _point, edge_gap
+from .readings import POINTS, _both, _in_bins, _point, _shown_gaps, edge_gap
 from .distance import _gap_margin
 from .choose import _item, _pair, _pair_item, _pick_set, _reference, _sides, positional
 
@@ -177,7 +177,7 @@ def _g_dir_level(c, rng, focus, others=()):
 # %% ../../nbs/20_questions/04_direction.ipynb #288d489b
 HOST_TEMPLATES: dict[str, list[str]] = {"DIR.host": ["In which lobe of the lung does {t} lie?",
                                                      "Which lobe of the lung holds {t}?", "{T} lies in which lobe of the lung?"]}
-_HOST_CONVENTION = "A lesion lies in the lobe whose edge it meets; the lobes it does not touch do not hold it."
+_HOST_CONVENTION = "A lesion lies in the lobe that surrounds it, the lobe its edge meets; lobes it does not touch do not hold it."
 LOBED = ("lung_tumor", "lung_nodule")   # lesions asked about by the lobe that holds them
 
 def _ev_dir_host(spec, S, G, robust=False):
@@ -185,7 +185,17 @@ def _ev_dir_host(spec, S, G, robust=False):
     gaps = [edge_gap(t, S[0][n]) for n in spec["options"]]
     w = [_gap_margin(spec, spec["t"], n) if robust else 0.0 for n in spec["options"]]
     return [True if g == 0 else False if g > tol + e else None for g, e in zip(gaps, w)], None, \
-        {"gap_mm": dict(zip(spec["options"], gaps))}
+        {"gap_mm": _shown_gaps(spec["options"], gaps)}
+
+def _two_a_side(key: str, apart: list[str], rng) -> list[str] | None:
+    "Three lobes of `apart` that with `key` make two of each lung (None where there are too few)."
+    need = {s: 2 - (side(key) == s) for s in ("left", "right")}
+    out = []
+    for s, k in need.items():
+        pool = [h for h in apart if side(h) == s]
+        if len(pool) < k: return None
+        out += [pool[i] for i in sorted(rng.choice(len(pool), k, replace=False))]
+    return out
 
 def _g_dir_host(c, rng, focus, others=()):
     ts = [n for n in c.pool if n in LOBED and c.s(n).near is not None and (not focus or n == focus)]
@@ -195,8 +205,9 @@ def _g_dir_host(c, rng, focus, others=()):
     lobes = [h for h in TUMOURS[t].hosts if h in c.pool]
     holds = [h for h in lobes if gap(h) == 0]
     apart = [h for h in lobes if gap(h) > tol + c.margins.of("surface", t) + c.margins.of("surface", h)]
-    if len(holds) != 1 or len(apart) < 3: return None
-    names = [holds[0], *(apart[i] for i in rng.choice(len(apart), 3, replace=False))]
+    # two lobes of each lung among the options, so that the side of the odd option out never gives the key away
+    if len(holds) != 1 or not (picked := _two_a_side(holds[0], apart, rng)): return None
+    names = [holds[0], *picked]
     return _item(c, "DIR.host", [t], {"t": phrase(t), "T": _cap(phrase(t))}, {"t": t, "by": "surface"},
                  options=[c.opt(n) for n in names], option_structures=True, hostless=True)
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..measure import NEAR_MM, box_gap
 from .core import (THR_RATIO, Subtask, _argbest, _mg, _num_distinct, _num_truth, _side_span, is_tumour,
                                        tol_distance)
-from .readings import _ev_range, box_distance, edge_gap
+from .readings import _ev_range, _shown_gaps, box_distance, edge_gap
 from .choose import _free_axes, _item, _pair, _pick_set, _reference
 from .distractors import _clear, _edge, _numeric_variants, _range_variants, _threshold
 
@@ -176,7 +176,7 @@ def _ev_gap_nearest(spec, S, G, robust=False):
     d = [edge_gap(ref, S[0][n]) for n in spec["options"]]            # NEAR_MM: at least that far
     w = [_gap_margin(spec, spec["ref"], n) if robust else 0.0 for n in spec["options"]]
     beats = lambda x, y: x[0] < NEAR_MM and _num_distinct(y[0] - y[1], x[0] + x[1], tol)
-    return _argbest(list(zip(d, w)), beats), None, {"gap_mm": dict(zip(spec["options"], d))}
+    return _argbest(list(zip(d, w)), beats), None, {"gap_mm": _shown_gaps(spec["options"], d)}
 
 
 # %% ../../nbs/20_questions/05_distance.ipynb #87c0f3c1

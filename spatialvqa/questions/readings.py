@@ -53,6 +53,9 @@ def edge_gap(a: Structure, b: Structure) -> float:
     if a.near is None: raise ValueError(f"{a.name} was measured without its neighbours (measure.with_near)")
     return float(a.near.get(b.name, NEAR_MM))
 
+def _shown_gaps(names, gaps) -> dict:
+    "What a record shows of measured gaps: None for `NEAR_MM` or more (a lower bound, not a measurement)."
+    return {n: (g if g < NEAR_MM else None) for n, g in zip(names, gaps)}
 
 # %% ../../nbs/20_questions/01_readings.ipynb #236f1379
 PAIR_EDGES = {"COMP.asymmetry": (0.8, 1.0, 1.25), "DIR.level": (-10.0, 0.0, 10.0)}   # bin edges: ratio, mm
