@@ -479,8 +479,10 @@ def survival(structures: pd.DataFrame, scans: pd.DataFrame, margins: Margins, pe
 # %% ../nbs/28_interreader.ipynb #d595cb9b
 def held_out_flips(structures: pd.DataFrame, scans: pd.DataFrame, folds: int = 5, percentile: float = 100,
                    safety: float = 1.0, min_voxels: int = 50, per_scan: Mapping[str, int] | None = None,
-                   seed: int = 0, min_pairs: int | None = 20) -> pd.DataFrame:
-    "`flip_study` of each fold of scans with margins derived from the other folds (`fold` column: the fold left out)."
+                   seed: int = 0, min_pairs: int | None = 20,
+                   gaps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`flip_study` of each fold of scans with margins derived from the other folds (`fold` column: the fold left out);
+    with `gaps` (`gap_differences`), their edge margins too (`derive_surface_margins`)."""
     from spatialvqa.stats import group_folds
     diffs = paired(structures)
     fold_of = group_folds(sorted(structures.scan_id.unique()), k=folds, seed=seed)
@@ -488,6 +490,9 @@ def held_out_flips(structures: pd.DataFrame, scans: pd.DataFrame, folds: int = 5
     for k in range(folds):
         held = {s for s, f in fold_of.items() if f == k}
         m = derive_margins(diffs[~diffs.scan_id.isin(held)], percentile, min_voxels, safety, min_pairs=min_pairs)
+        if gaps is not None:
+            m = replace(m, surface=derive_surface_margins(gaps[~gaps.scan_id.isin(held)], percentile, min_voxels,
+                                                         safety, min_pairs))
         f = flip_study(structures[structures.scan_id.isin(held)], scans[scans.scan_id.isin(held)], m, per_scan, seed, min_voxels)
         out.append(f.assign(fold=k))
     return pd.concat(out, ignore_index=True)
