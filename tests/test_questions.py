@@ -346,7 +346,7 @@ def test_pipeline_benchmark():
 # The questions of the shared 4-phantom benchmark, hashed (their file paths aside: they name the session's temporary
 # folder). A refactor of spatialvqa.questions or spatialvqa.phantom must leave this unchanged; a change meant to alter
 # the questions updates it, and says so in its commit (the pipeline's results then change too).
-# edge-to-edge DIST (DIST.gap, DIST.nearest) and DIR.host (two lobes a side) join the default subtasks; gaps >= 30 mm shown as None
+# edge-to-edge DIST (DIST.gap, DIST.nearest), DIR.host (two lobes a side) join the default subtasks; gaps >= 30 mm: None
 GOLDEN_QUESTIONS = ("2623334cfa3ac5574757a5b6c3619d221632bc386458466317e99d930f8d8732", 116)
 
 
