@@ -204,5 +204,5 @@ class OracleAdapter(BaseAdapter):
         r = inp.record
         ids, maps = r.get("scan_ids") or [r.get("scan_id")], r.get("label_maps") or []
         if len(maps) != len(ids): raise PredictionError(f"oracle: {r['qid']} names {len(ids)} scans but {len(maps)} label maps")
-        ev = rederive(r, {s: self._structures(m, r["spec"].get("by") == "surface") for s, m in zip(ids, maps)})
+        ev = rederive(r, {s: self._structures(m, (r.get("spec") or {}).get("by") == "surface") for s, m in zip(ids, maps)})
         return ev["answer_letter"] if r["format"] == "mc" else _fmt(ev["answer_value"], r.get("unit"))
