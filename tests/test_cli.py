@@ -12,7 +12,8 @@ from spatialvqa.core import shared_data
 from spatialvqa.scan import Volume, write_volume
 
 EXE = [str(Path(sys.executable).parent / "spatialvqa")]  # the installed console script
-KEYS = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components", "stray_mm"]
+KEYS = ["label", "name", "voxels", "volume_ml", "centroid_ras_mm", "bbox_ras_mm", "extent_mm", "components", "stray_mm",
+        "near_mm"]
 
 
 def run(*args, cwd=None):
@@ -218,7 +219,9 @@ def test_measure_imports_only_what_it_needs(tmp_path, lps_labels):
     rc, mods = modules_after("measure", path, "--out", tmp_path / "m.json")
     assert rc == 0 and (tmp_path / "m.json").exists()
     assert {"numpy", "cc3d", "spatialvqa.measure"} <= mods
-    unneeded = (*HEAVY, "pydicom", "nibabel", "numpy.ma.")  # a plain .nii.gz is read without nibabel
+    # a plain .nii.gz is read without nibabel; the neighbours' gaps (measure.with_near) need scipy.ndimage and .spatial
+    # (which loads scipy.sparse)
+    unneeded = (*(h for h in HEAVY if not h.startswith("scipy.")), "pydicom", "nibabel")
     assert not {m for m in mods if f"{m}.".startswith(unneeded)}, sorted(m for m in mods if f"{m}.".startswith(unneeded))
     rc, mods = modules_after("measure", path, "--no-components", "--out", tmp_path / "m2.json")
     assert rc == 0 and "cc3d" not in mods

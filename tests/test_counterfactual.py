@@ -497,8 +497,8 @@ def test_resize_flips_in_the_pipeline():
     kinds = o.loc[["resize", "mirror", "ladder"], "Flip pairs"]
     assert kinds.sum() == o.loc["all", "Flip pairs"]
     # the ladder rungs flip volume keys (93 at 5dc9119; 27 at 509abad, where the parotid's 6.5 mL floor keeps the rungs
-    # of small glands out and 12 parotids are cut by the sparse-slice crop)
-    assert o.loc["ladder", "Flip pairs"] >= 20
+    # of small glands out and 12 parotids are cut by the sparse-slice crop; 10 at 62fafb9, whose draw keeps VOL 32)
+    assert o.loc["ladder", "Flip pairs"] >= 8
     assert o.loc["resize", "Flip-pair acc."].startswith("100.0")
 
 

@@ -14,7 +14,6 @@ from ..anatomy import TUMOURS, side
 from .core import (DIR_RATIO, DIRECTIONS, Geometry, Subtask, _argbest, _cap, _level, _mg, direction_margin,
                                        pair_stem, phrase)
 from .readings import POINTS, _both, _in_bins, _point, _shown_gaps, edge_gap
-from .distance import _gap_margin
 from .choose import _item, _pair, _pair_item, _pick_set, _reference, _sides, positional
 
 # %% auto #0
@@ -183,7 +182,7 @@ LOBED = ("lung_tumor", "lung_nodule")   # lesions asked about by the lobe that h
 def _ev_dir_host(spec, S, G, robust=False):
     t, tol = S[0][spec["t"]], G[0].diag
     gaps = [edge_gap(t, S[0][n]) for n in spec["options"]]
-    w = [_gap_margin(spec, spec["t"], n) if robust else 0.0 for n in spec["options"]]
+    w = [float(_mg(spec, "surface", spec["t"]) + _mg(spec, "surface", n)) if robust else 0.0 for n in spec["options"]]
     return [True if g == 0 else False if g > tol + e else None for g, e in zip(gaps, w)], None, \
         {"gap_mm": _shown_gaps(spec["options"], gaps)}
 
