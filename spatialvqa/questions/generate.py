@@ -101,8 +101,9 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
     resized structure, so that its pair's answer can change; a name listed twice is drawn twice as often). With
     `accept`, an `accept_share` of the slots first try up to `max_tries` candidates that `accept(item)` passes (e.g.
     questions whose answer changes on a counterfactual copy; it may narrow `item["variants"]`), then any candidate.
-    `policy` (`AskPolicy`): each candidate draws from the structures that fit its task, of one region."""
-    rng = _rng(seed, c.scan_id)
+    `policy` (`AskPolicy`): each candidate draws from the structures that fit its task, of one region. Every task
+    draws from a seeded stream of its own (`seed`, scan, task), so a change to one task's subtasks or budget leaves
+    the other tasks' questions as they were."""
     focused = [n for n in focus if n in c.pool]
     tumours = focused or [n for n in c.pool if is_tumour(n)]
     if focused: tumour_share = focus_share
@@ -113,6 +114,7 @@ def _scan_items(c: ScanContext, contexts: Mapping[str, ScanContext], per_scan: M
         if n <= 0: continue
         subs = policy.subtasks(task) if policy is not None else [s for s in SUBTASKS if s.split(".")[0] == task]
         if not subs: continue
+        rng = _rng(seed, c.scan_id, task)
         order = [subs[i] for i in rng.permutation(len(subs))]
         for slot in range(n):
             # every edge-to-edge distance starts from a lesion (`AskPolicy.edge_distances`): its slots all draw one
