@@ -35,8 +35,8 @@ __all__ = ['KINDS', 'RESIZE_GROUPS', 'RESIZABLE', 'NOT_RESIZED', 'LADDER_FACTORS
            'mirror_affine', 'mirror_volume', 'mirror_plane', 'mirror_names', 'mirror_scan', 'CounterfactualError',
            'resize_structure', 'askable_size', 'resizable', 'resize_candidates', 'resize_auto', 'ladder_copies',
            'show_copies', 'flipped', 'counterfactual_record', 'pair_questions', 'is_phantom', 'source_of',
-           'read_manifests', 'select_scans', 'make_counterfactuals', 'balance_pairs', 'scan_family', 'pair_key',
-           'is_copy_row', 'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
+           'read_manifests', 'select_scans', 'make_counterfactuals', 'scan_family', 'pair_key', 'is_copy_row',
+           'split_copies', 'pair_focus', 'ladder_steps', 'flip_predicate', 'flip_predicates']
 
 # %% ../nbs/23_counterfactual.ipynb #60962bd9
 KINDS = ("mirror", "resize")
@@ -649,57 +649,6 @@ def make_counterfactuals(manifests: str | os.PathLike | Sequence, out: str | os.
     write_json(rejected, out / "rejected.json")
     get_logger(__name__).info("%d counterfactual copies of %d scans, %d rejected", len(entries), len(chosen), len(rejected))
     return entries, rejected
-
-# %% ../nbs/23_counterfactual.ipynb #b41a9c02
-def _spread(n: np.ndarray) -> float: return float(((n - n.mean()) ** 2).sum())
-
-def _pick_letters(choices: Sequence[Mapping[str, np.ndarray]], start: Sequence[str], seed: int, passes: int = 20) -> list[str]:
-    """Per group, the letter among its `choices` (each the letter counts of the group at that letter) that leaves the
-    total counts closest to even (least squares), from `start`, group by group in a seeded order until a pass changes
-    nothing; a group keeps its letter where another is no better."""
-    pick = list(start)
-    total = sum((choices[g][pick[g]] for g in range(len(choices))), np.zeros(len(LETTERS)))
-    order = np.random.default_rng(seed).permutation(len(choices))
-    for _ in range(passes):
-        moved = False
-        for g in order:
-            if len(choices[g]) < 2: continue
-            rest = total - choices[g][pick[g]]
-            best = min(choices[g], key=lambda l: (_spread(rest + choices[g][l]) - 1e-9 * (l == pick[g]), l))
-            if best != pick[g]: pick[g], total, moved = best, rest + choices[g][best], True
-        if not moved: break
-    return pick
-
-# %% ../nbs/23_counterfactual.ipynb #b41a9c03
-def balance_pairs(records: Sequence[Mapping], structures: pd.DataFrame, scans: pd.DataFrame,
-                  originals: pd.DataFrame | None = None, min_voxels: int = MIN_VOXELS,
-                  seed: int = 0) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """`pair_questions` for `records` that may carry `alternatives` (`generate_questions(..., alternatives=True)`):
-    every letter a record can take is paired, and each multiple-choice task's records take the letters whose groups
-    (a record with its twins) bring the task's letter counts closest to even (`_pick_letters`, seeded by `seed`).
-    Returns (the records as chosen, without `alternatives`; their twins; the questions not paired)."""
-    plain = lambda r: {k: v for k, v in r.items() if k != "alternatives"}
-    at = [{r["answer_letter"]: plain(r), **{l: plain(a) for l, a in (r.get("alternatives") or {}).items()}} for r in records]
-    twins, unpaired = defaultdict(list), {}
-    for l in dict.fromkeys(l for a in at for l in a):     # one pairing per letter: the qids within it are distinct
-        tw, why = pair_questions([a[l] for a in at if l in a], structures, scans, originals, min_voxels)
-        for t in tw: twins[l, t["pair_of"]].append(t)
-        for q, rows in why.groupby("qid"): unpaired[l, q] = rows
-    one = np.eye(len(LETTERS))
-    counts = lambda j, l: sum((one[LETTERS.index(x["answer_letter"])] for x in [at[j][l], *twins[l, at[j][l]["qid"]]]),
-                              np.zeros(len(LETTERS)))
-    pick = [r["answer_letter"] for r in records]
-    for task in dict.fromkeys(r["task"] for r in records if r["format"] == "mc"):
-        js = [j for j, r in enumerate(records) if r["task"] == task and r["format"] == "mc"]
-        chosen = _pick_letters([{l: counts(j, l) for l in at[j]} for j in js], [pick[j] for j in js],
-                               int(stable_hash([seed, task], 8), 16))
-        for j, l in zip(js, chosen): pick[j] = l
-    keys = [(pick[j], r["qid"]) for j, r in enumerate(records)]
-    tw = sorted((t for k in keys for t in twins.get(k, [])), key=lambda t: t["qid"])
-    why = [unpaired[k] for k in keys if k in unpaired]
-    cols = ["qid", "copy", "kind", "task", "reason"]
-    return ([at[j][pick[j]] for j in range(len(records))], tw,
-            pd.concat(why, ignore_index=True)[cols] if why else pd.DataFrame(columns=cols))
 
 # %% ../nbs/23_counterfactual.ipynb #fc790373
 def scan_family(r: Mapping | str) -> str:

@@ -30,6 +30,7 @@ from spatialvqa.questions.generate import generate_questions, parse_budget
 from spatialvqa.questions.policy import policy_from_params
 from spatialvqa.validate import answerers as VA, chance as VC, pipeline as VP
 from spatialvqa import counterfactual as CF
+from spatialvqa.letters import balance_pairs
 from spatialvqa.anatomy import typical_volume
 from spatialvqa.convert.datasets import convert_datasets
 from spatialvqa.core import load_params, shared_data
@@ -68,8 +69,8 @@ def bench(tmp_path_factory, cohorts):
     orig = generate_questions(st, seed=0, per_scan=parse_budget(gen["per_scan"]), scans=sc, per_source=gen["per_source"],
                                 focus=CF.pair_focus(csc, st), focus_share=float(gen["focus_share"]),
                                 accept=CF.flip_predicates(structures, scans), accept_share=float(gen["flip_share"]),
-                                steps=CF.ladder_steps(csc), policy=policy_from_params(gen))
-    twins, _ = CF.pair_questions(orig, cst, csc, originals=st)
+                                steps=CF.ladder_steps(csc), policy=policy_from_params(gen), alternatives=True)
+    orig, twins, _ = balance_pairs(orig, cst, csc, originals=st)     # the letters chosen with the twins in view
     by = defaultdict(list)
     for t in twins: by[t["pair_of"]].append(t)
     recs = [x for r in orig for x in (r, *by[r["qid"]])]

@@ -270,6 +270,24 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
         "pair_of": None, "counterfactual": None, "flipped": None,
     }
 
+# %% ../../nbs/20_questions/13_generate.ipynb #a1fe7c00
+def _records(items: list[dict], contexts: Mapping[str, ScanContext], seed: int, paths: Mapping[str, tuple],
+             alternatives: bool = False) -> list[dict]:
+    """The records of lettered `items`, with their scans' file `paths`. `alternatives`: a record whose options
+    could put its key at other letters (a ladder of numbers with the key at another rung: `variants`) also carries,
+    under `alternatives`, the record at each of them (same qid), for a choice that sees its twins
+    (`spatialvqa.letters.balance_pairs`)."""
+    recs = [_to_record(it, contexts, seed) for it in items]
+    for it, r in zip(items, recs):
+        alt = {LETTERS[k]: _to_record({**it, "final_options": v, "correct": k}, contexts, seed)
+               for k, v in enumerate(it.get("variants") or [])
+               if alternatives and v is not None and k != it["correct"]}
+        if alt: r["alternatives"] = alt
+    for r in [x for r in recs for x in (r, *r.get("alternatives", {}).values())]:
+        r["images"] = [_path(paths.get(s, (None, None))[0]) for s in r["scan_ids"]]
+        r["label_maps"] = [_path(paths.get(s, (None, None))[1]) for s in r["scan_ids"]]
+    return recs
+
 # %% ../../nbs/20_questions/13_generate.ipynb #00dbeaf2
 def parse_budget(text: str | Mapping | None) -> dict[str, int]:
     "Questions per task from 'DIR:6,DIST:6,...' (or a mapping); '=' works as well as ':'."
@@ -323,7 +341,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
                        accept: Mapping[str, Callable[[dict], bool]] | None = None, accept_share: float = 0.5,
                        policy: AskPolicy | None = AskPolicy(), margins: Margins | Mapping | None = None,
                        exact: Sequence[str] = EXACT_SOURCES,
-                       steps: Mapping[str, Mapping[str, float]] | None = None, alternatives: bool = False) -> list[dict]:
+                       steps: Mapping[str, Mapping[str, float]] | None = None,
+                       alternatives: bool = False) -> list[dict]:
     """Questions of every task about every scan of the measure stage's `structures` table, deterministic per `seed`.
 
     `per_scan`: questions per task and scan (default `DEFAULT_PER_SCAN`; fewer where a scan cannot give
@@ -338,9 +357,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     carried in each spec, except on scans of the `exact` sources (a procedural phantom's label map is the truth its image
     was drawn from: no second reader could contour it otherwise). `steps`: per scan id and structure, the ratio between
     neighbouring numeric options where a ladder copy sets it (`spatialvqa.counterfactual.ladder_steps`).
-    `alternatives`: a record whose options could put its key at other letters (a ladder of numbers with the key at
-    another rung, `variants`) also carries, under `alternatives`, the record it would be at each of them (same qid),
-    for a choice that sees its twins (`spatialvqa.counterfactual.balance_pairs`). Returns
+    `alternatives`: a record whose key could sit at other letters also carries the record at each (`_records`).
+    Returns
     records sorted by scan, task and qid (fields:
     `RECORD_FIELDS`)."""
     per_scan = {t: n for t, n in {**DEFAULT_PER_SCAN, **(per_scan or {})}.items() if t in tasks}
@@ -367,16 +385,8 @@ def generate_questions(structures: pd.DataFrame, seed: int = 0, per_scan: Mappin
     ids = [it["qid"] for it in items]
     assert len(ids) == len(set(ids)), "duplicate qids"
     _assign_letters(items, seed)
-    recs = [_to_record(it, contexts, seed) for it in items]
-    if alternatives:
-        for it, r in zip(items, recs):
-            alt = {LETTERS[k]: _to_record({**it, "final_options": v, "correct": k}, contexts, seed)
-                   for k, v in enumerate(it.get("variants") or []) if v is not None and k != it["correct"]}
-            if alt: r["alternatives"] = alt
+    recs = _records(items, contexts, seed, paths, alternatives)
     n_tumour = sum(r["tumour_type"] is not None for r in recs)
     get_logger(__name__).info("%d questions (%d about tumours) from %d scans", len(recs), n_tumour, len(contexts))
-    for r in [x for r in recs for x in (r, *r.get("alternatives", {}).values())]:
-        r["images"] = [_path(paths.get(s, (None, None))[0]) for s in r["scan_ids"]]
-        r["label_maps"] = [_path(paths.get(s, (None, None))[1]) for s in r["scan_ids"]]
     order = {t: i for i, t in enumerate(TASKS)}
     return sorted(recs, key=lambda r: (r["scan_id"], order[r["task"]], r["qid"]))
