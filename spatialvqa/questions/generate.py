@@ -270,24 +270,6 @@ def _to_record(it: dict, contexts: Mapping[str, ScanContext], seed: int) -> dict
         "pair_of": None, "counterfactual": None, "flipped": None,
     }
 
-# %% ../../nbs/20_questions/13_generate.ipynb #a1fe7c00
-def _records(items: list[dict], contexts: Mapping[str, ScanContext], seed: int, paths: Mapping[str, tuple],
-             alternatives: bool = False) -> list[dict]:
-    """The records of lettered `items`, with their scans' file `paths`. `alternatives`: a record whose options
-    could put its key at other letters (a ladder of numbers with the key at another rung: `variants`) also carries,
-    under `alternatives`, the record at each of them (same qid), for a choice that sees its twins
-    (`spatialvqa.letters.balance_pairs`)."""
-    recs = [_to_record(it, contexts, seed) for it in items]
-    for it, r in zip(items, recs):
-        alt = {LETTERS[k]: _to_record({**it, "final_options": v, "correct": k}, contexts, seed)
-               for k, v in enumerate(it.get("variants") or [])
-               if alternatives and v is not None and k != it["correct"]}
-        if alt: r["alternatives"] = alt
-    for r in [x for r in recs for x in (r, *r.get("alternatives", {}).values())]:
-        r["images"] = [_path(paths.get(s, (None, None))[0]) for s in r["scan_ids"]]
-        r["label_maps"] = [_path(paths.get(s, (None, None))[1]) for s in r["scan_ids"]]
-    return recs
-
 # %% ../../nbs/20_questions/13_generate.ipynb #00dbeaf2
 def parse_budget(text: str | Mapping | None) -> dict[str, int]:
     "Questions per task from 'DIR:6,DIST:6,...' (or a mapping); '=' works as well as ':'."
@@ -329,6 +311,24 @@ def contexts_from_tables(structures: pd.DataFrame, scans: pd.DataFrame | None = 
 
 def _path(p) -> str | None:
     return None if p is None or (isinstance(p, float) and math.isnan(p)) or p == "" else str(p)
+
+# %% ../../nbs/20_questions/13_generate.ipynb #a1fe7c00
+def _records(items: list[dict], contexts: Mapping[str, ScanContext], seed: int, paths: Mapping[str, tuple],
+             alternatives: bool = False) -> list[dict]:
+    """The records of lettered `items`, with their scans' file `paths`. `alternatives`: a record whose options
+    could put its key at other letters (a ladder of numbers with the key at another rung: `variants`) also carries,
+    under `alternatives`, the record at each of them (same qid), for a choice that sees its twins
+    (`spatialvqa.letters.balance_pairs`)."""
+    recs = [_to_record(it, contexts, seed) for it in items]
+    for it, r in zip(items, recs):
+        alt = {LETTERS[k]: _to_record({**it, "final_options": v, "correct": k}, contexts, seed)
+               for k, v in enumerate(it.get("variants") or [])
+               if alternatives and v is not None and k != it["correct"]}
+        if alt: r["alternatives"] = alt
+    for r in [x for r in recs for x in (r, *r.get("alternatives", {}).values())]:
+        r["images"] = [_path(paths.get(s, (None, None))[0]) for s in r["scan_ids"]]
+        r["label_maps"] = [_path(paths.get(s, (None, None))[1]) for s in r["scan_ids"]]
+    return recs
 
 # %% ../../nbs/20_questions/13_generate.ipynb #5c2396ee
 EXACT_SOURCES = ("phantom",)   # sources whose label maps are the truth itself: no inter-reader margins
