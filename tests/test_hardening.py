@@ -513,8 +513,9 @@ def phantom_bench(tmp_path_factory):
     make_cohort(d / "scans", n_subjects=2, seed=3, workers=0)
     table, scans, _ = measure_manifests([d / "scans" / "cohort.json"], workers=0)
     # DIR 3: with 2, one phantom had no DIR.relative, and validate cannot cross-fit a subtask over one scan (VOLEST 2: with
-    # 1, phantom 4 left each VOLEST subtask on one scan)
-    recs = generate_questions(table, seed=0, per_scan={"DIR": 3, "VOL": 2, "VOLEST": 2}, scans=scans, tasks=("DIR", "VOL", "VOLEST"))
+    # 1, phantom 4 left each VOLEST subtask on one scan; VOL 3: with 2, the per-task streams left VOL.sum and VOL.range on one)
+    recs = generate_questions(table, seed=0, per_scan={"DIR": 3, "VOL": 3, "VOLEST": 2}, scans=scans,
+                              tasks=("DIR", "VOL", "VOLEST"))
     rel = lambda p: os.path.relpath(p, d)
     for r in recs:
         for k in ("images", "label_maps"):
