@@ -8,7 +8,7 @@ Every size runs the same library calls as the DVC stages, each timed, with the s
 `convert.datasets.convert_datasets` (the `datasets` list), `counterfactual.make_counterfactuals` (section
 counterfactual, generate.min_voxels), `measure.measure_manifests` (scans and copies; measure.components), the generate
 stage (`questions.generate.generate_questions` with the per-scan and per-source budgets, the counterfactual focus and
-flip shares, `counterfactual.pair_questions`, and with generate.verify every answer re-derived from the label maps with
+flip shares, `letters.balance_pairs`, and with generate.verify every answer re-derived from the label maps with
 `questions.check.check_record`, as nbs/stages/generate.ipynb does) and `validate.pipeline.validate` (every setting of
 section validate as nbs/stages/validate.ipynb passes it, the audit included; an LLM answerer, which needs a server, is
 left out and said so). Convert, counterfactual and measure use `--workers` local processes (default executor.workers;
@@ -236,7 +236,8 @@ def stage_measure(ctx: dict) -> None:
 def stage_generate(ctx: dict) -> None:
     "The generate stage's calls (nbs/stages/generate.ipynb): originals, their twins, and with `verify` the re-derivation."
     from spatialvqa.core import flag
-    from spatialvqa.counterfactual import flip_predicates, pair_focus, pair_questions, split_copies
+    from spatialvqa.counterfactual import flip_predicates, pair_focus, split_copies
+    from spatialvqa.letters import balance_pairs
     from spatialvqa.questions.check import check_record, structures_of
     from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
     from spatialvqa.questions.policy import policy_from_params
@@ -249,8 +250,11 @@ def stage_generate(ctx: dict) -> None:
                                    per_source=parse_per_source(gen["per_source"]), focus=pair_focus(copy_scans, table),
                                    focus_share=float(gen["focus_share"]),
                                    accept=flip_predicates(table_all, scan_all, int(gen["min_voxels"])),
-                                   accept_share=float(gen["flip_share"]), policy=policy_from_params(gen))
-    twins, _ = pair_questions(originals, copy_table, copy_scans, originals=table, min_voxels=int(gen["min_voxels"]))
+                                   accept_share=float(gen["flip_share"]), policy=policy_from_params(gen),
+                                   alternatives=True)
+    # the generate stage's pairing: the letters chosen with the twins in view
+    originals, twins, _ = balance_pairs(originals, copy_table, copy_scans, originals=table,
+                                        min_voxels=int(gen["min_voxels"]), seed=int(gen["seed"]))
     by = {}
     for t in twins: by.setdefault(t["pair_of"], []).append(t)
     ctx["questions"] = [x for r in originals for x in (r, *by.get(r["qid"], []))]
