@@ -20,7 +20,8 @@ os.environ.setdefault("SPATIALVQA_LOG", "WARNING")
 import pandas as pd
 
 from spatialvqa.core import load_params
-from spatialvqa.counterfactual import flip_predicates, ladder_steps, pair_focus, pair_questions, split_copies
+from spatialvqa.counterfactual import (flip_predicates, ladder_steps, pair_focus, pair_questions, scan_family,
+                                      split_copies)
 from spatialvqa.letters import balance_pairs
 from spatialvqa.questions.core import TASKS, Margins
 from spatialvqa.questions.generate import generate_questions, parse_budget, parse_per_source
@@ -52,7 +53,7 @@ def row(kept: list[dict], seed: int, pairing: str, seconds: float) -> dict:
     real = [r for r in orig if is_real(r)]
     return {"seed": seed, "pairing": pairing, **{t: sum(r["task"] == t for r in kept) for t in TASKS},
             "kept": len(kept),
-            "real_share": round(len(real) / max(1, len(orig)), 3), "real_patients": len({r["scan_id"] for r in real}),
+            "real_share": round(len(real) / max(1, len(orig)), 3), "real_patients": len({scan_family(r) for r in real}),
             "seconds": round(seconds)}
 
 
@@ -65,6 +66,9 @@ if __name__ == "__main__":
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
     a = ap.parse_args()
+    missing = [f for f in (a.structures, a.scans, a.params) if not os.path.exists(f)]
+    if missing: raise SystemExit(f"draw_spread: {', '.join(missing)} not found: run it from the project's root after "
+                                 "`dvc repro measure`, or pass --structures, --scans and --params")
     g, v = load_params("generate", a.params), load_params("validate", a.params)
     config = ValidateConfig.from_params({k: x for k, x in v.items() if k in ValidateConfig.param_names()}, audit="")
     table_all, scan_all = pd.read_parquet(a.structures), pd.read_parquet(a.scans)
