@@ -319,8 +319,11 @@ def test_pipeline_benchmark_summary():
     assert set(s["per_task"]) == set(TASKS) and sum(s["per_task"].values()) == s["questions"] > 0
     # the generated pool, before the filter (0.3% at 509abad: the ladders fit the plausible range, and no organ's box or
     # width is asked; 6.9% at 5dc9119); the benchmark that ships is balanced exactly per task
-    # (test_validity.py::test_exact_letter_balance, the export's `letters_balanced`)
-    assert s["letter_share_max_deviation"] <= 0.03
+    # (test_validity.py::test_exact_letter_balance, the export's `letters_balanced`). Since the letters are chosen with
+    # the twins in view (spatialvqa.letters, 8c44809) the originals give up some balance for their groups': 5.0% on the
+    # originals, 5.7% with the twins (EXT's ladders keep A and D at 30.5%: few of them can take another letter)
+    assert s["letter_share_max_deviation"] <= 0.06
+    assert s["letter_share_max_deviation_with_twins"] <= 0.06
     assert s["verified"] is True          # the generate stage re-derived every answer from the label maps (verify: true)
 
 
