@@ -161,15 +161,22 @@ class TextbookAdapter(_CrossFit):
 @register("atlas_subject")
 class SubjectAtlasAdapter(_CrossFit):
     """One other patient (`validate.answerers.SubjectAtlasAnswerer`), or with `k` > 1 the median of k: each question answered from
-    the measurements of original scans drawn, by `seed`, among those outside its scan family; no training."""
+    the measurements of original scans drawn, by `seed`, among those outside its scan family; no training. With `pool`
+    (a questions file: the generate stage's `data/benchmark/questions.jsonl`) it knows every patient and structure
+    the pool's questions measured, as the validate stage's answerer does (`validate.validate` fits it on the whole
+    input), not only those of the questions it answers: Table 2 reports the answerer the filter held at chance."""
     answerer = "atlas_subject"
 
-    def __init__(self, seed: int = 0, folds: int = 2, k: int = 1, **kw):
-        super().__init__(seed=seed, folds=folds, k=int(k), **kw)
+    def __init__(self, seed: int = 0, folds: int = 2, k: int = 1, pool: str | None = None, **kw):
+        super().__init__(seed=seed, folds=folds, k=int(k), pool=pool, **kw)
 
     def _make(self) -> list:
         from spatialvqa.validate.answerers import SubjectAtlasAnswerer
-        return [SubjectAtlasAnswerer(seed=self.config["seed"], k=self.config["k"])]
+        a = SubjectAtlasAnswerer(seed=self.config["seed"], k=self.config["k"])
+        if self.config["pool"]:
+            from spatialvqa.core import read_jsonl
+            a.fit(read_jsonl(self.config["pool"]))
+        return [a]
 
 @register("name_cue")
 class NameCueAdapter(_CrossFit):
