@@ -172,6 +172,45 @@ def missing(root: Path = ROOT) -> dict[str, list[str]]:
     return out
 
 
+def _interpolate(text: str, params: dict) -> str:
+    "A dvc.yaml string with its `${a.b}` references to params.yaml filled in (references it cannot resolve stay)."
+    def look(m):
+        v = params
+        for k in m.group(1).split("."):
+            if not isinstance(v, dict) or k not in v: return m.group(0)
+            v = v[k]
+        return str(v)
+    return re.sub(r"\$\{([\w.]+)\}", look, text)
+
+
+def _leaves(tree) -> list[str]:
+    "Every string value inside a params subtree."
+    if isinstance(tree, dict): return [s for v in tree.values() for s in _leaves(v)]
+    if isinstance(tree, list): return [s for v in tree for s in _leaves(v)]
+    return [tree] if isinstance(tree, str) else []
+
+
+def param_files(root: Path = ROOT) -> dict[str, list[str]]:
+    """Stage -> the files its params name that another stage writes but its deps leave out. A stage that lists
+    `infer.models` reads every path inside it (a patient atlas's `pool`), so a new version of that file must make the
+    stage `changed`, as a dep does; a params entry alone tracks the path's text, not the file."""
+    import yaml
+    params = yaml.safe_load((root / "params.yaml").read_text()) or {}
+    st = stages(root)
+    clean = lambda d: _interpolate(str(d).split("#")[0].strip(), params).rstrip("/")
+    outs = {clean(o if isinstance(o, str) else next(iter(o))) for e in st.values() for o in e.get("outs") or []}
+    out = {}
+    for name, entry in st.items():
+        deps = {clean(d) for d in entry.get("deps") or []}
+        named = set()
+        for key in (k for k in entry.get("params") or [] if isinstance(k, str)):
+            tree = params
+            for k in key.split("."): tree = tree.get(k, {}) if isinstance(tree, dict) else {}
+            named |= {v for v in _leaves(tree) if v in outs}
+        if gone := sorted(v for v in named if not any(v == d or v.startswith(d + "/") for d in deps)): out[name] = gone
+    return out
+
+
 def write(root: Path = ROOT) -> int:
     """Rewrite dvc.yaml: in every stage with a notebook, the `spatialvqa` code deps become the closure (`code_deps`);
     other deps stay as they are."""
@@ -208,10 +247,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.write:
         print(f"{write()} stages' deps rewritten")
-    gone = missing()
+    gone, files = missing(), param_files()
     for s, mods in sorted(gone.items()): print(f"{s}: deps leave out {', '.join(mods)}")
+    for s, paths in sorted(files.items()): print(f"{s}: its params name {', '.join(paths)}, which its deps leave out")
     if not gone: print(f"every stage's deps hold the import closure of its notebook ({len(needed())} stages)")
-    return 1 if gone else 0
+    if not files: print("every file a stage's params name and another stage writes is among its deps")
+    return 1 if gone or files else 0
 
 
 if __name__ == "__main__":

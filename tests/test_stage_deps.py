@@ -69,3 +69,16 @@ def test_touching_a_module_a_stage_runs_makes_it_changed(tmp_path):
     changed = json.loads(out.stdout).get(stage, [])
     deps = {k: v for d in changed if isinstance(d, dict) for k, v in d.get("changed deps", {}).items()}
     assert deps.get("spatialvqa/inflate.py") == "modified", changed
+
+
+def test_a_file_the_params_name_is_a_dep(tmp_path):
+    """A stage whose params name a file another stage writes (infer.models' patient atlases read their `pool`,
+    data/benchmark/questions.jsonl) lists it among its deps; cut from the draws stage's deps, the check names it."""
+    text = (ROOT / "dvc.yaml").read_text()
+    assert SD.param_files() == {}
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, l in enumerate(lines) if l.startswith("  draws:"))
+    cut_at = next(i for i in range(at, len(lines)) if lines[i].strip().startswith("- data/benchmark/questions.jsonl"))
+    cut = "".join(lines[:cut_at] + lines[cut_at + 1:])
+    for name in ("params.yaml",): (tmp_path / name).symlink_to(ROOT / name)
+    assert SD.param_files(_root_with(tmp_path, cut)) == {"draws": ["data/benchmark/questions.jsonl"]}
