@@ -90,7 +90,7 @@ stage-times:
 
 # README.md is written from nbs/index.ipynb (tests/test_readme.py checks that it is up to date)
 readme:
-	$(PY) scripts/readme.py --dag
+	$(PY) scripts/readme.py --dag --tables
 
 # Optional, not part of `make test`: lmms-eval 0.7.3 from PyPI in its own venv (torch==2.13.0 first), every package pinned
 # by interop/constraints.txt (as measured to work), runs the exported task from a temporary working directory outside the

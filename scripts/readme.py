@@ -7,9 +7,15 @@ tests/test_readme.py checks that README.md is what this writes.
 The pipeline diagram is one markdown cell of the notebook, written from `dvc dag` (`--dag`, which `make readme`
 passes): every stage, a `foreach` stage's members as one node, Track B's stages (`ctsvqa_*`) in a box of their own.
 tests/test_readme.py checks that the cell is what `dvc dag` gives for today's dvc.yaml.
+
+A table the README shows from a committed result follows a marker line, `<!-- table: results/tables/table2.md
+without Size, Backbones -->`; `--tables` (which `make readme` passes) rewrites it from that file (its first markdown
+table, the named columns dropped), and tests/test_readme.py checks that every such table is the committed file's:
+a figure in a README table is then the measurement of the commit that ships it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -85,6 +91,61 @@ def write_dag(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | P
     return True
 
 
+TABLE_MARK = re.compile(r"^<!-- table: (\S+?)(?: without (.+?))? -->$")
+
+
+def result_table(path: str | Path, without: tuple[str, ...] = ()) -> list[str]:
+    "The first markdown table of a result file, as lines, without the columns named in `without`."
+    lines = Path(path).read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("|"))
+    rows = list(itertools.takewhile(lambda l: l.startswith("|"), lines[start:]))
+    cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+    missing = set(without) - set(cells[0])
+    if missing: raise KeyError(f"{path} has no column {sorted(missing)}")
+    keep = [j for j, h in enumerate(cells[0]) if h not in without]
+    return ["| " + " | ".join(r[j] for j in keep) + " |" for r in cells]
+
+
+def fill_tables(text: str, root: str | Path = ROOT) -> str:
+    "`text` with the table after every `TABLE_MARK` line replaced by the result file's (`result_table`)."
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        if m := TABLE_MARK.match(lines[i]):
+            without = tuple(c.strip() for c in m.group(2).split(",")) if m.group(2) else ()
+            out += result_table(Path(root) / m.group(1), without)
+            i += 1
+            while i < len(lines) and lines[i].startswith("|"): i += 1
+            continue
+        i += 1
+    return "\n".join(out)
+
+
+def write_tables(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | Path = ROOT) -> list[str]:
+    "Rewrite every marked table of the notebook's markdown cells from its result file; the files whose table changed."
+    nb, changed = json.loads(Path(notebook).read_text()), []
+    for c in nb["cells"]:
+        if c["cell_type"] != "markdown": continue
+        src = "".join(c["source"])
+        new = fill_tables(src, root)
+        if new != src:
+            changed += [m.group(1) for l in src.split("\n") if (m := TABLE_MARK.match(l))]
+            c["source"] = new.splitlines(True)
+    if changed: Path(notebook).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return changed
+
+
+def stale_tables(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | Path = ROOT) -> list[str]:
+    "The marked tables of the notebook that differ from their result files (nothing is written)."
+    nb = json.loads(Path(notebook).read_text())
+    out = []
+    for c in nb["cells"]:
+        if c["cell_type"] != "markdown": continue
+        for block in re.split(r"\n(?=<!-- table: )", "".join(c["source"])):
+            if (m := TABLE_MARK.match(block.split("\n")[0])) and fill_tables(block, root) != block: out.append(m.group(1))
+    return out
+
+
 def cell_text(cell: dict) -> str | None:
     "The README text of one notebook cell, or None for a cell that is not shown."
     src = "".join(cell.get("source") or []).strip("\n")
@@ -109,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "README.md", help="where to write (default README.md)")
     ap.add_argument("--check", action="store_true", help="only compare README.md with the notebook")
     ap.add_argument("--dag", action="store_true", help="first write the notebook's pipeline diagram from `dvc dag`")
+    ap.add_argument("--tables", action="store_true", help="first rewrite the notebook's marked tables from their result files")
     a = ap.parse_args(argv)
     if a.dag and not a.check and write_dag(): print("wrote the pipeline diagram into nbs/index.ipynb")
+    if a.tables and not a.check:
+        for path in write_tables(): print(f"rewrote the table from {path} in nbs/index.ipynb")
     text = readme()
     if a.check:
         same = a.out.exists() and a.out.read_text() == text

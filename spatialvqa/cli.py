@@ -125,9 +125,10 @@ STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a com
                    defaults={"cache": ""}, notes={"cache": "content-hash cache of renderings (default: OUT/.cache)"},
                    bounds={"size": (16, 4096), "grid_size": (16, 8192), "grid_n": (1, 256), "margin_mm": (0, 1000), "workers": (0, 256)}),
     "score": dict(outputs={"out": ""}, hidden=("predictions", "models", "params_file"), benchmark="benchmark"),
-    "tables": dict(outputs={"out": ""}, defaults={"draws": ""},
+    "tables": dict(outputs={"out": ""}, defaults={"draws": "", "filter_report": ""},
                    notes={"scores": "the score command's scores.parquet, or its --out folder (then its circular.parquet too)",
-                          "draws": "the draws stage's runs of the seeded baselines (default: none)"}),
+                          "draws": "the draws stage's runs of the seeded baselines",
+                          "filter_report": "the validate command's filter_report.json: Table 2 marks the tasks it settled"}),
 }
 
 # %% ../nbs/49_cli.ipynb #e0027981
@@ -276,6 +277,15 @@ def read_json_list(path: Path) -> list:
     return json.loads(path.read_text()) if path.exists() else []
 
 # %% ../nbs/49_cli.ipynb #1e4ad55a
+def _filter_report(path) -> None:
+    "Refuse a --filter-report that is not the validate command's filter_report.json (Table 2 reads its settled tasks)."
+    import json
+    if not Path(path).is_file(): raise FileNotFoundError(f"{path}: no such file; give --filter-report: the validate command's filter_report.json")
+    try: doc = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e: raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rounds"), dict):
+        raise ValueError(f"{path}: not the validate command's filter_report.json (no 'rounds' with its settled tasks)")
+
 def _mc_scored(path: str) -> None:
     "Table 2 is about multiple-choice questions: scores without any are a ValueError naming the file and what it holds."
     import pandas as pd
@@ -312,6 +322,7 @@ def _run_stage_command(a) -> int:
         if m := spec.get("measured"): params[m[0]], params[m[1]] = _measured_inputs(params[m[0]], params[m[1]], work)
         if stage == "score": params.update(_score_inputs(a.predictions, work))
         if stage == "tables":
+            if params.get("filter_report"): _filter_report(params["filter_report"])
             if Path(params["scores"]).is_dir():
                 params["circular"] = str(Path(params["scores"]) / "circular.parquet")
                 params["scores"] = str(Path(params["scores"]) / "scores.parquet")

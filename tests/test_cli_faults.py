@@ -71,7 +71,10 @@ CASES = {
               ("--benchmark {d}/ok.jsonl --predictions {d}/list.jsonl --out {d}/s", ["list.jsonl:2", "not list"]),
               ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/ok.jsonl", ["ok.jsonl", "is the input"])],
     "tables": [("--scores {d}/absent.parquet --out {d}/t", ["absent.parquet: no such file", "--scores"]),
-               ("--scores {d}/preds.jsonl --out {d}/t", ["preds.jsonl"])],
+               ("--scores {d}/preds.jsonl --out {d}/t", ["preds.jsonl"]),
+               ("--scores {d}/absent.parquet --filter-report {d}/absent.json --out {d}/t", ["absent.json: no such file", "--filter-report"]),
+               ("--scores {d}/absent.parquet --filter-report {d}/bad.json --out {d}/t", ["bad.json", "not valid JSON"]),
+               ("--scores {d}/absent.parquet --filter-report {d}/ok.jsonl --out {d}/t", ["ok.jsonl", "not the validate command's filter_report.json"])],
 }
 
 

@@ -81,3 +81,31 @@ def test_a_new_stage_appears_in_the_diagram(tmp_path):
     assert '    make["make"]' in cell and '    use["use"]' in cell and "  make --> use" in cell and "  use --> ctsvqa_more" in cell
     assert "make --> ctsvqa_more" not in cell                                     # implied by make -> use -> ctsvqa_more
     assert cell.index('ctsvqa_more["ctsvqa_more"]') > cell.index('subgraph B') > cell.index('use["use"]')   # Track B's box
+
+
+def test_readme_tables_are_the_committed_results():
+    "Every table the README shows from a result file (`<!-- table: PATH ... -->`) is that committed file's, as written."
+    w = _writer()
+    src = "".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "index.ipynb").read_text())["cells"])
+    marked = [m.group(1) for l in src.splitlines() if (m := w.TABLE_MARK.match(l))]
+    assert {"results/tables/table2.md", "results/tables/detectable_differences.md",
+            "results/attacks/leave_one_out.md"} <= set(marked), marked
+    assert w.stale_tables() == [], "README tables differ from their result files: run `make readme`"
+
+
+def test_a_changed_result_makes_its_table_stale_and_the_writer_mends_it(tmp_path):
+    w = _writer()
+    (tmp_path / "r.md").write_text("caption\n\n| a | b | c |\n|:---|:---|---:|\n| 1 | 2 | 3 |\n\nafter\n")
+    cell = "text\n<!-- table: r.md without b -->\n| a | c |\n| :--- | ---: |\n| 1 | 3 |\nmore"
+    nb = tmp_path / "i.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": cell.splitlines(True)}]}))
+    assert w.stale_tables(nb, tmp_path) == []
+    (tmp_path / "r.md").write_text("| a | b | c |\n|:---|:---|---:|\n| 1 | 2 | 4 |\n| 5 | 6 | 7 |\n")
+    assert w.stale_tables(nb, tmp_path) == ["r.md"]
+    assert w.write_tables(nb, tmp_path) == ["r.md"] and w.stale_tables(nb, tmp_path) == []
+    assert w.readme(nb).splitlines()[2:6] == ["| a | c |", "| :--- | ---: |", "| 1 | 4 |", "| 5 | 7 |"]
+    assert w.readme(nb).rstrip().endswith("more")
+    (tmp_path / "r.md").write_text("| a | c |\n|---|---|\n| 1 | 4 |\n")
+    try: w.write_tables(nb, tmp_path)
+    except KeyError as e: assert "no column" in str(e)
+    else: raise AssertionError("a column the marker drops but the file lacks must fail")

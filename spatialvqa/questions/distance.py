@@ -156,7 +156,7 @@ GAP_TEMPLATES: dict[str, list[str]] = {
         "Which of these structures comes closest to {ref}, measured edge to edge?",
         "Measuring the shortest edge-to-edge distance, which of these structures lies nearest to {ref}?"],
 }
-_GAP_CONVENTION = ("Distances are in millimetres between the closest points of the structures' edges "
+_GAP_CONVENTION = ("Distances are in millimetres between the centres of the two structures' closest edge voxels "
                    "(0 where they touch).")
 
 def _gap_margin(spec, a: str, b: str) -> float:

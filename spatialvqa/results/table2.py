@@ -19,8 +19,8 @@ from .bootstrap import task_matrix, cluster_of, run_bootstrap
 from .pairs import PAIR_COLUMNS, pair_values
 
 # %% auto #0
-__all__ = ['TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'table2_values', 'chance_values', 'table2', 'sanity_checks',
-           'detectable_differences']
+__all__ = ['TABLE2_COLUMNS', 'DEFAULT_MODEL_INFO', 'SETTLED_MARK', 'SETTLED_NOTE', 'table2_values', 'chance_values', 'table2',
+           'mark_settled', 'sanity_checks', 'detectable_differences']
 
 # %% ../../nbs/44_results/04_table2.ipynb #dcd63626
 # the headline first: accuracy on pairs whose answer flips (a blind answerer gets 0 by construction), then plain
@@ -127,6 +127,18 @@ def table2(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chan
                         if c in chance and pd.notna(chance[c])},   # a task with no question: "-"
                      "Volume MRA": "-"})
     return pd.DataFrame(rows).reindex(columns=TABLE2_COLUMNS).fillna("-")
+
+# %% ../../nbs/44_results/04_table2.ipynb #5e77a0c2
+SETTLED_MARK = "\u2020"      # a dagger after a task's column name
+SETTLED_NOTE = ("\u2020 A task the chance filter settled (filter_report.json rounds.settled_tasks): it stopped cutting it "
+                "before every filter answerer was at chance, so its plain accuracy is no evidence that a model reads the scan; "
+                "read its flip pairs.")
+
+def mark_settled(t2: pd.DataFrame, settled) -> pd.DataFrame:
+    "Table 2 with every settled task's column (and MCA AVG, which averages it) renamed with `SETTLED_MARK`."
+    settled = [t for t in settled or () if t in TABLE2_TASKS]
+    if not settled: return t2
+    return t2.rename(columns={c: c + SETTLED_MARK for c in [*settled, "MCA AVG"] if c in t2.columns})
 
 # %% ../../nbs/44_results/04_table2.ipynb #9fe7b8b8
 def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str = "oracle", random: str = "random") -> dict:
