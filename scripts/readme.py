@@ -142,7 +142,8 @@ def stale_tables(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str 
     for c in nb["cells"]:
         if c["cell_type"] != "markdown": continue
         for block in re.split(r"\n(?=<!-- table: )", "".join(c["source"])):
-            if (m := TABLE_MARK.match(block.split("\n")[0])) and fill_tables(block, root) != block: out.append(m.group(1))
+            m = TABLE_MARK.match(block.split("\n")[0])
+            if m and fill_tables(block, root) != block: out.append(m.group(1))
     return out
 
 
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "README.md", help="where to write (default README.md)")
     ap.add_argument("--check", action="store_true", help="only compare README.md with the notebook")
     ap.add_argument("--dag", action="store_true", help="first write the notebook's pipeline diagram from `dvc dag`")
-    ap.add_argument("--tables", action="store_true", help="first rewrite the notebook's marked tables from their result files")
+    ap.add_argument("--tables", action="store_true",
+                    help="first rewrite the notebook's marked tables from their result files")
     a = ap.parse_args(argv)
     if a.dag and not a.check and write_dag(): print("wrote the pipeline diagram into nbs/index.ipynb")
     if a.tables and not a.check:

@@ -128,7 +128,8 @@ STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a com
     "tables": dict(outputs={"out": ""}, defaults={"draws": "", "filter_report": ""},
                    notes={"scores": "the score command's scores.parquet, or its --out folder (then its circular.parquet too)",
                           "draws": "the draws stage's runs of the seeded baselines",
-                          "filter_report": "the validate command's filter_report.json: Table 2 marks the tasks it settled"}),
+                          "filter_report": "the validate command's filter_report.json: Table 2 marks the tasks it "
+                                           "settled"}),
 }
 
 # %% ../nbs/49_cli.ipynb #e0027981
@@ -280,7 +281,9 @@ def read_json_list(path: Path) -> list:
 def _filter_report(path) -> None:
     "Refuse a --filter-report that is not the validate command's filter_report.json (Table 2 reads its settled tasks)."
     import json
-    if not Path(path).is_file(): raise FileNotFoundError(f"{path}: no such file; give --filter-report: the validate command's filter_report.json")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file; give --filter-report: "
+                                "the validate command's filter_report.json")
     try: doc = json.loads(Path(path).read_text())
     except json.JSONDecodeError as e: raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rounds"), dict):

@@ -21,7 +21,8 @@ CASES = {
     "phantom": [("--out {d}/afile -n 1", ["afile", "must be a folder"])],
     "convert": [("msd {d}/emptydir --out {d}/c", ["emptydir/dataset.json", "no such file"]),
                 ("msd {d}/emptydir --out {d}/emptydir", ["emptydir", "is the input"]),
-                ("rtstruct {d}/emptydir --out {d}/c", ["emptydir", "no RTSTRUCT beside a CT series"])],  # more: tests/test_rtstruct.py
+                # more: tests/test_rtstruct.py
+                ("rtstruct {d}/emptydir --out {d}/c", ["emptydir", "no RTSTRUCT beside a CT series"])],
     "ctsvqa-jury": [("--predictions {d}/list.jsonl --judgments {d}/bad.json --out {d}/o.json", ["list.jsonl:1", "no field 'question'"]),
                     ("--predictions {d}/preds.jsonl --judgments {d}/bad.json --out {d}/o.json", ["bad.json", "not valid JSON"]),
                     ("--predictions {d}/preds.jsonl --judgments {d}/strverdict.json --out {d}/o.json", ["strverdict.json: row 0", "'true'"]),
@@ -72,9 +73,11 @@ CASES = {
               ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/ok.jsonl", ["ok.jsonl", "is the input"])],
     "tables": [("--scores {d}/absent.parquet --out {d}/t", ["absent.parquet: no such file", "--scores"]),
                ("--scores {d}/preds.jsonl --out {d}/t", ["preds.jsonl"]),
-               ("--scores {d}/absent.parquet --filter-report {d}/absent.json --out {d}/t", ["absent.json: no such file", "--filter-report"]),
+               ("--scores {d}/absent.parquet --filter-report {d}/absent.json --out {d}/t",
+                ["absent.json: no such file", "--filter-report"]),
                ("--scores {d}/absent.parquet --filter-report {d}/bad.json --out {d}/t", ["bad.json", "not valid JSON"]),
-               ("--scores {d}/absent.parquet --filter-report {d}/ok.jsonl --out {d}/t", ["ok.jsonl", "not the validate command's filter_report.json"])],
+               ("--scores {d}/absent.parquet --filter-report {d}/ok.jsonl --out {d}/t",
+                ["ok.jsonl", "not the validate command's filter_report.json"])],
 }
 
 

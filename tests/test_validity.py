@@ -294,13 +294,17 @@ def test_pairs_kept_whole_and_flipping(bench):
 
 
 def test_no_task_rests_on_one_or_two_scans(bench):
-    "The family cap: every task's kept questions come from at least three scan families (a scan with its copies)."
-    fams = bench["val"].summary["families_by_task"]
-    print(fams)
+    """The family cap: every task's kept questions come from at least three scan families (a scan with its copies), and
+    no family holds more than half of a task the filter held at chance. A task it settled (kept as it was before a
+    round that would have left it under two questions a letter) may lean on one family: it is reported as settled,
+    and Table 2 marks it (`results.table2.mark_settled`)."""
+    fams, settled = bench["val"].summary["families_by_task"], set(bench["val"].summary["rounds"]["settled_tasks"])
+    print(fams, settled)
     assert set(fams) == {r["task"] for r in bench["kept"]}
     for t, f in fams.items():
         assert f["families"] >= 3, (t, f)
-        assert f["max_share"] <= 0.5, (t, f)
+        if t not in settled: assert f["max_share"] <= 0.5, (t, f)
+    assert len(settled) < len(fams) - 1                     # the cap is tested on most tasks, not waved through
 
 
 def test_exact_letter_balance(bench):

@@ -130,9 +130,9 @@ def table2(values: pd.DataFrame, info: Mapping[str, Mapping] | None = None, chan
 
 # %% ../../nbs/44_results/04_table2.ipynb #5e77a0c2
 SETTLED_MARK = "\u2020"      # a dagger after a task's column name
-SETTLED_NOTE = ("\u2020 A task the chance filter settled (filter_report.json rounds.settled_tasks): it stopped cutting it "
-                "before every filter answerer was at chance, so its plain accuracy is no evidence that a model reads the scan; "
-                "read its flip pairs.")
+SETTLED_NOTE = ("\u2020 A task the chance filter settled (filter_report.json rounds.settled_tasks): it stopped "
+                "cutting it before every filter answerer was at chance, so its plain accuracy is no evidence that a "
+                "model reads the scan; read its flip pairs.")
 
 def mark_settled(t2: pd.DataFrame, settled) -> pd.DataFrame:
     "Table 2 with every settled task's column (and MCA AVG, which averages it) renamed with `SETTLED_MARK`."

@@ -126,8 +126,9 @@ def blind_audit(records: Sequence[dict], answerers: str | Sequence[str] = ("prio
                 seed: int = 0, rel_tol: float = RIGHT_REL_TOL) -> dict:
     """`blind_accuracy` of answerers trained and tested *within* `records` only (cross-fitted by scan), and the same
     per task (`by_task`, `blind_by_task`): do the questions of a set still carry shortcuts that a blind answerer can
-    learn from that set?"""
-    if not records: return {}
+    learn from that set? A set of fewer scan families than `folds` (the trivial questions of a small benchmark can
+    all be one scan's) has no audit: {}."""
+    if len({scan_family(r) for r in records}) < folds: return {}     # none, or too few scans to cross-fit: no audit
     preds = cross_fit_answerers(records, make_answerers(answerers, seed=seed), folds, seed)
     return {**blind_accuracy(records, preds, rel_tol, pooled=False), "by_task": blind_by_task(records, preds, rel_tol)}
 
