@@ -106,45 +106,39 @@ def result_table(path: str | Path, without: tuple[str, ...] = ()) -> list[str]:
     return ["| " + " | ".join(r[j] for j in keep) + " |" for r in cells]
 
 
-def fill_tables(text: str, root: str | Path = ROOT) -> str:
-    "`text` with the table after every `TABLE_MARK` line replaced by the result file's (`result_table`)."
-    lines, out, i = text.split("\n"), [], 0
+def fill_tables(text: str, root: str | Path = ROOT) -> tuple[str, list[str]]:
+    """`text` with the table after every `TABLE_MARK` line replaced by the result file's (`result_table`), and the
+    files whose table that changed."""
+    lines, out, stale, i = text.split("\n"), [], [], 0
     while i < len(lines):
         out.append(lines[i])
-        if m := TABLE_MARK.match(lines[i]):
-            without = tuple(c.strip() for c in m.group(2).split(",")) if m.group(2) else ()
-            out += result_table(Path(root) / m.group(1), without)
-            i += 1
-            while i < len(lines) and lines[i].startswith("|"): i += 1
-            continue
         i += 1
-    return "\n".join(out)
+        if m := TABLE_MARK.match(out[-1]):
+            without = tuple(c.strip() for c in m.group(2).split(",")) if m.group(2) else ()
+            old = list(itertools.takewhile(lambda l: l.startswith("|"), lines[i:]))
+            table = result_table(Path(root) / m.group(1), without)
+            if table != old: stale.append(m.group(1))
+            out += table
+            i += len(old)
+    return "\n".join(out), stale
 
 
-def write_tables(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | Path = ROOT) -> list[str]:
-    "Rewrite every marked table of the notebook's markdown cells from its result file; the files whose table changed."
-    nb, changed = json.loads(Path(notebook).read_text()), []
+def write_tables(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | Path = ROOT,
+                 write: bool = True) -> list[str]:
+    """The files whose marked table in the notebook's markdown cells differs from the file; with `write`, those tables
+    are rewritten from them."""
+    nb, stale = json.loads(Path(notebook).read_text()), []
     for c in nb["cells"]:
         if c["cell_type"] != "markdown": continue
-        src = "".join(c["source"])
-        new = fill_tables(src, root)
-        if new != src:
-            changed += [m.group(1) for l in src.split("\n") if (m := TABLE_MARK.match(l))]
-            c["source"] = new.splitlines(True)
-    if changed: Path(notebook).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    return changed
+        new, files = fill_tables("".join(c["source"]), root)
+        if files: c["source"], stale = new.splitlines(True), stale + files
+    if stale and write: Path(notebook).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return stale
 
 
 def stale_tables(notebook: str | Path = ROOT / "nbs" / "index.ipynb", root: str | Path = ROOT) -> list[str]:
     "The marked tables of the notebook that differ from their result files (nothing is written)."
-    nb = json.loads(Path(notebook).read_text())
-    out = []
-    for c in nb["cells"]:
-        if c["cell_type"] != "markdown": continue
-        for block in re.split(r"\n(?=<!-- table: )", "".join(c["source"])):
-            m = TABLE_MARK.match(block.split("\n")[0])
-            if m and fill_tables(block, root) != block: out.append(m.group(1))
-    return out
+    return write_tables(notebook, root, write=False)
 
 
 def cell_text(cell: dict) -> str | None:

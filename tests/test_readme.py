@@ -96,7 +96,9 @@ def test_readme_tables_are_the_committed_results():
 def test_a_changed_result_makes_its_table_stale_and_the_writer_mends_it(tmp_path):
     w = _writer()
     (tmp_path / "r.md").write_text("caption\n\n| a | b | c |\n|:---|:---|---:|\n| 1 | 2 | 3 |\n\nafter\n")
-    cell = "text\n<!-- table: r.md without b -->\n| a | c |\n| :--- | ---: |\n| 1 | 3 |\nmore"
+    (tmp_path / "s.md").write_text("| x |\n|---|\n| 9 |\n")                # a second table, never changed
+    cell = ("text\n<!-- table: r.md without b -->\n| a | c |\n| :--- | ---: |\n| 1 | 3 |\nmore\n"
+            "<!-- table: s.md -->\n| x |\n| --- |\n| 9 |")
     nb = tmp_path / "i.ipynb"
     nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": cell.splitlines(True)}]}))
     assert w.stale_tables(nb, tmp_path) == []
@@ -104,7 +106,7 @@ def test_a_changed_result_makes_its_table_stale_and_the_writer_mends_it(tmp_path
     assert w.stale_tables(nb, tmp_path) == ["r.md"]
     assert w.write_tables(nb, tmp_path) == ["r.md"] and w.stale_tables(nb, tmp_path) == []
     assert w.readme(nb).splitlines()[2:6] == ["| a | c |", "| :--- | ---: |", "| 1 | 4 |", "| 5 | 7 |"]
-    assert w.readme(nb).rstrip().endswith("more")
+    assert w.readme(nb).rstrip().endswith("| 9 |") and "more" in w.readme(nb)
     (tmp_path / "r.md").write_text("| a | c |\n|---|---|\n| 1 | 4 |\n")
     try: w.write_tables(nb, tmp_path)
     except KeyError as e: assert "no column" in str(e)
