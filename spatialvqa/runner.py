@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['stage_spec', 'param_at', 'stage_values', 'foreach_keys', 'stage_parameters_of', 'run_stage', 'stage_main']
+__all__ = ['stage_spec', 'param_at', 'stage_values', 'foreach_keys', 'stage_parameters_of', 'settle_copy', 'run_stage',
+           'stage_main']
 
 # %% ../nbs/48_runner.ipynb #dd9b4a0d
 def stage_spec(stage: str, dvc_file: str | os.PathLike = "dvc.yaml") -> tuple[Path, list[str], object]:
@@ -107,17 +108,45 @@ def stage_parameters_of(stage: str, given: Mapping | None = None, key: str | Non
     elif left: raise ValueError(f"stage {stage}: no parameter takes {', '.join(left)}, and {nb} has no params_file to read them")
     return nb, {**values, **given}
 
+# %% ../nbs/48_runner.ipynb #6f3c2a92
+_CLOCKS = ("start_time", "end_time", "duration")
+
+def _settle_text(text: str, root: str) -> str: return text.replace(root + os.sep, "./").replace(root, ".")
+
+def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
+    """Rewrite the executed notebook at `path` without what changes from run to run: papermill's clocks (the run's and
+    each cell's), Jupyter's execution times, the injected parameters cell's random id, and `root` (default: the working
+    directory, the project's root) in text outputs."""
+    import nbformat
+    nb, root = nbformat.read(str(path), as_version=4), str(Path(root or os.getcwd()).resolve())
+    for k in _CLOCKS: nb.metadata.get("papermill", {}).pop(k, None)
+    for c in nb.cells:
+        for k in _CLOCKS: c.metadata.get("papermill", {}).pop(k, None)
+        c.metadata.pop("execution", None)
+        if "injected-parameters" in c.metadata.get("tags", []): c.id = "injected-parameters"
+        for o in c.get("outputs", []):
+            if isinstance(o.get("text"), str): o.text = _settle_text(o.text, root)
+            for mime, v in o.get("data", {}).items():
+                if mime.startswith("text/") and isinstance(v, str): o.data[mime] = _settle_text(v, root)
+            if "traceback" in o: o.traceback = [_settle_text(t, root) for t in o.traceback]
+    nbformat.write(nb, str(path))
+
+
 # %% ../nbs/48_runner.ipynb #2a3fd119
 def run_stage(stage: str, given: Mapping | None = None, key: str | None = None, dvc_file: str | os.PathLike = "dvc.yaml",
               params_file: str | os.PathLike = "params.yaml", kernel: str = "spatialvqa") -> Path:
     """Run a stage's notebook with papermill and `stage_parameters_of`'s values, in the working directory (the project's
-    root, where DVC runs every command); the executed copy's path, `reports/notebooks/<stage>[_<key>].ipynb`."""
+    root, where DVC runs every command); the executed copy's path, `reports/notebooks/<stage>[_<key>].ipynb`, settled
+    (`settle_copy`)."""
     nb, values = stage_parameters_of(stage, given, key, dvc_file, params_file)
     out = Path("reports/notebooks") / f"{stage}{'_' + key if key else ''}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
     import papermill
     logging.getLogger("papermill").setLevel(logging.WARNING)
-    papermill.execute_notebook(str(nb), str(out), parameters=values, kernel_name=kernel, cwd=".", progress_bar=False)
+    run = dict(parameters=values, kernel_name=kernel, cwd=".", progress_bar=False)
+    try: papermill.execute_notebook(str(nb), str(out), **run)
+    finally:
+        if out.exists(): settle_copy(out)      # a failed run's copy too: it is what the reader opens
     return out
 
 # %% ../nbs/48_runner.ipynb #3f180f43

@@ -249,9 +249,7 @@ def test_filter_sees_the_letters_that_ship(bench):
     numeric = [r for r in bench["val"].removed if r["removed_by"] == "triviality" and r["format"] != "mc"]
     order = {r["qid"]: i for i, r in enumerate(bench["recs"])}
     names = list(s["settings"]["answerers"])
-    ans = VA.make_answerers(",".join(names), seed=s["settings"]["seed"])
-    for a in ans:                    # the patient atlases know every patient of the filter's input
-        if isinstance(a, VA.SubjectAtlasAnswerer): a.fit(bench["recs"])
+    ans = VA.make_answerers(",".join(names), seed=s["settings"]["seed"], patients=bench["recs"])   # as the filter's
     _, right = VA.blind_answers(sorted(kept + numeric, key=lambda r: order[r["qid"]]), ans, s["settings"]["folds"],
                                s["settings"]["split_seeds"])
     checked = 0

@@ -704,16 +704,21 @@ def llm_answerer(config, seed: int = 0):
         return eps[config["answerer"]].load()(config, seed=seed)
     return LLMAnswerer(config)
 
-def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, seed: int = 0) -> list:
+def make_answerers(names: str | Sequence[str] = ("prior", "text"), llm=None, seed: int = 0,
+                   patients: Sequence[dict] | None = None) -> list:
     """Blind answerers by name (`ANSWERERS`: prior, text, atlas; a comma-separated string works), plus one
     `llm_answerer` per LLM config in `llm` (a config, a list of configs, or None): an `LLMAnswerer`, or e.g. a
-    retrieval-only specialist (`{"answerer": "specialist", "llm": ..., "index": ..., "role": ...}`)."""
+    retrieval-only specialist (`{"answerer": "specialist", "llm": ..., "index": ..., "role": ...}`). With `patients`
+    (records), the patient atlases (`SubjectAtlasAnswerer`) are fitted on them: they know every patient of a filter's
+    input, whatever its rounds keep."""
     if isinstance(names, str): names = [n.strip() for n in names.split(",") if n.strip()]
     bad = [n for n in names if n not in ANSWERERS]
     if bad: raise ValueError(f"unknown blind answerer(s) {bad}; expected some of {list(ANSWERERS)}")
     out = [ANSWERERS[n](seed=seed) for n in names]
     if isinstance(llm, str) and llm.strip().lower() in ("", "none", "null"): llm = None
     if llm: out += [llm_answerer(c, seed) for c in (llm if isinstance(llm, (list, tuple)) else [llm])]
+    for a in out if patients is not None else ():
+        if isinstance(a, SubjectAtlasAnswerer): a.fit(patients)
     return out
 
 # %% ../../nbs/24_validate/01_answerers.ipynb #34beafd1

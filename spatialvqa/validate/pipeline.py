@@ -24,7 +24,7 @@ from ..counterfactual import pair_key, scan_family
 from ..questions.core import LETTERS, MC_TASKS, MIN_VOXELS, TASKS
 from ..questions.tables import markdown_table, to_frame
 from .filters import dedup, plausibility, _removed
-from .answerers import RIGHT_REL_TOL, SubjectAtlasAnswerer, blind_answers, cross_fit_answerers, is_right, make_answerers
+from .answerers import RIGHT_REL_TOL, blind_answers, cross_fit_answerers, is_right, make_answerers
 from .chance import CHANCE_DRIFT, CHANCE_ROUNDS, CHANCE_SPLITS, CHANCE_TOL, FAMILY_CAP, LETTER_SLACK, PROTECT_WEIGHT, RULE_NAMES, balance_letters, chance_subsample, trivial, vote
 
 # %% auto #0
@@ -368,9 +368,7 @@ def validate(records: Sequence[dict], structures: pd.DataFrame | None = None, sc
     ids = [r["qid"] for r in records]
     if len(ids) != len(set(ids)): raise ValueError(f"the benchmark repeats the qid {next(q for q in ids if ids.count(q) > 1)!r}")
     pool, removed = first_filters(records, structures, scans, c)
-    ans = make_answerers(c.answerers, c.llm, c.seed)
-    for a in ans:                # the patient atlases know every patient of the input, whatever the rounds keep
-        if isinstance(a, SubjectAtlasAnswerer): a.fit(records)   # (as Table 2's, through its adapter's `pool`)
+    ans = make_answerers(c.answerers, c.llm, c.seed, patients=records)   # (as Table 2's atlases, through `pool`)
     t = blind_pass(pool, ans, c, protect)
     if c.rule == "chance" and ans: t = chance_rounds(t, ans, c, protect)
     kept, gone = decide(t, c)
