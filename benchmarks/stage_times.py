@@ -1,9 +1,12 @@
-"""How long did each DVC stage take? Read from the executed notebooks a `dvc repro` leaves in reports/notebooks/.
+"""How long did each DVC stage take? Read from the clocks a `dvc repro` leaves in reports/times/.
 
-    python benchmarks/stage_times.py [--reports reports/notebooks] [--markdown] [--wall SECONDS]
+    python benchmarks/stage_times.py [--times reports/times] [--reports reports/notebooks] [--markdown] [--wall SECONDS]
 
-Every stage runs its notebook through papermill, which records in the executed copy when the kernel started and when
-the last cell ended (`metadata.papermill.start_time` / `end_time`). A stage with `foreach` (infer@random, ...) leaves
+Every stage runs its notebook through papermill, which records when the kernel started and when the last cell ended.
+`spatialvqa-stage` takes that clock out of the executed copy (so that two runs write the same copy and dvc.lock stays
+put) and writes it to `reports/times/<notebook>.json` (`start_time`, `end_time`, `duration`), which neither git nor
+DVC tracks; an executed notebook from before that (papermill's `metadata.papermill.start_time` / `end_time` still in
+it) is read for its own clock when it has no clock file. A stage with `foreach` (infer@random, ...) leaves
 one notebook per entry; they are listed under their stage and summed in its row. Printed: per stage, in the order
 `dvc.yaml` lists them, the seconds, the share of the sum, and the time of day it began, then the sum; with
 `--wall` (the wall-clock seconds of the whole `dvc repro`, e.g. from `time make repro`) also what DVC itself spent
@@ -36,15 +39,24 @@ def stage_notebooks(dvc_yaml: Path) -> dict[str, str]:
     return out
 
 
-def read_times(reports: Path, since: datetime | None = None) -> list[dict]:
-    "One row per executed notebook under `reports`: its name, start, end and seconds (papermill's metadata)."
-    rows = []
+def clocks(reports: Path, times: Path | None = None) -> dict[str, dict]:
+    """Each notebook's clock: the clock files under `times` (`<notebook>.json`), and for an executed notebook under
+    `reports` with none, papermill's metadata in the notebook itself."""
+    out = {}
     for p in sorted(reports.glob("*.ipynb")):
-        meta = json.loads(p.read_text()).get("metadata", {}).get("papermill") or {}
+        out[p.stem] = json.loads(p.read_text()).get("metadata", {}).get("papermill") or {}
+    for p in sorted(times.glob("*.json")) if times else []: out[p.stem] = json.loads(p.read_text())
+    return out
+
+
+def read_times(reports: Path, since: datetime | None = None, times: Path | None = None) -> list[dict]:
+    "One row per notebook with a clock (`clocks`): its name, start, end and seconds."
+    rows = []
+    for stem, meta in sorted(clocks(reports, times).items()):
         if not meta.get("start_time") or not meta.get("end_time"): continue
         start, end = datetime.fromisoformat(meta["start_time"]), datetime.fromisoformat(meta["end_time"])
         if since and start < since: continue
-        rows.append({"notebook": p.stem, "start": start, "end": end, "seconds": (end - start).total_seconds()})
+        rows.append({"notebook": stem, "start": start, "end": end, "seconds": (end - start).total_seconds()})
     return rows
 
 
@@ -62,16 +74,17 @@ def table(stages: dict[str, str | None], rows: list[dict]) -> tuple[list[dict], 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reports", default=str(ROOT / "reports" / "notebooks"))
+    ap.add_argument("--times", default=str(ROOT / "reports" / "times"), help="the stages' clock files")
+    ap.add_argument("--reports", default=str(ROOT / "reports" / "notebooks"), help="executed notebooks (older clocks)")
     ap.add_argument("--dvc-yaml", default=str(ROOT / "dvc.yaml"))
     ap.add_argument("--since", help="leave out notebooks that began before this ISO time (e.g. 2026-11-26T16:00+00:00)")
     ap.add_argument("--wall", type=float, help="wall-clock seconds of the whole run: prints what DVC spent besides")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table")
     a = ap.parse_args(argv)
     since = datetime.fromisoformat(a.since) if a.since else None
-    rows, missing = table(stage_notebooks(Path(a.dvc_yaml)), read_times(Path(a.reports), since))
+    rows, missing = table(stage_notebooks(Path(a.dvc_yaml)), read_times(Path(a.reports), since, Path(a.times)))
     if not rows:
-        print(f"no executed notebooks under {a.reports}", file=sys.stderr)
+        print(f"no stage clocks under {a.times} and no executed notebooks with one under {a.reports}", file=sys.stderr)
         return 2
     total = sum(r["seconds"] for r in rows)
     fmt = lambda s: f"{int(s // 60)} min {s % 60:04.1f} s" if s >= 60 else f"{s:.1f} s"

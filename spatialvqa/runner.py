@@ -8,6 +8,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/runner.html.md"""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -113,13 +114,14 @@ _CLOCKS = ("start_time", "end_time", "duration")
 
 def _settle_text(text: str, root: str) -> str: return text.replace(root + os.sep, "./").replace(root, ".")
 
-def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
+def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) -> dict:
     """Rewrite the executed notebook at `path` without what changes from run to run: papermill's clocks (the run's and
     each cell's), Jupyter's execution times, the injected parameters cell's random id, and `root` (default: the working
-    directory, the project's root) in text outputs."""
+    directory, the project's root) in text outputs. The run's clock it took out: `start_time`, `end_time`, `duration`."""
     import nbformat
     nb, root = nbformat.read(str(path), as_version=4), str(Path(root or os.getcwd()).resolve())
-    for k in _CLOCKS: nb.metadata.get("papermill", {}).pop(k, None)
+    run = nb.metadata.get("papermill", {})
+    clock = {k: run.pop(k) for k in _CLOCKS if k in run}
     for c in nb.cells:
         for k in _CLOCKS: c.metadata.get("papermill", {}).pop(k, None)
         c.metadata.pop("execution", None)
@@ -130,6 +132,7 @@ def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) 
                 if mime.startswith("text/") and isinstance(v, str): o.data[mime] = _settle_text(v, root)
             if "traceback" in o: o.traceback = [_settle_text(t, root) for t in o.traceback]
     nbformat.write(nb, str(path))
+    return clock
 
 
 # %% ../nbs/48_runner.ipynb #2a3fd119
@@ -137,7 +140,7 @@ def run_stage(stage: str, given: Mapping | None = None, key: str | None = None, 
               params_file: str | os.PathLike = "params.yaml", kernel: str = "spatialvqa") -> Path:
     """Run a stage's notebook with papermill and `stage_parameters_of`'s values, in the working directory (the project's
     root, where DVC runs every command); the executed copy's path, `reports/notebooks/<stage>[_<key>].ipynb`, settled
-    (`settle_copy`)."""
+    (`settle_copy`), its clock in `reports/times/<stage>[_<key>].json`."""
     nb, values = stage_parameters_of(stage, given, key, dvc_file, params_file)
     out = Path("reports/notebooks") / f"{stage}{'_' + key if key else ''}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +149,10 @@ def run_stage(stage: str, given: Mapping | None = None, key: str | None = None, 
     run = dict(parameters=values, kernel_name=kernel, cwd=".", progress_bar=False)
     try: papermill.execute_notebook(str(nb), str(out), **run)
     finally:
-        if out.exists(): settle_copy(out)      # a failed run's copy too: it is what the reader opens
+        if out.exists():                       # a failed run's copy too: it is what the reader opens
+            clock = Path("reports/times") / f"{out.stem}.json"
+            clock.parent.mkdir(parents=True, exist_ok=True)
+            clock.write_text(json.dumps(settle_copy(out), indent=1) + "\n")
     return out
 
 # %% ../nbs/48_runner.ipynb #3f180f43

@@ -156,7 +156,7 @@ def test_infer_lock_file_is_never_removed_while_held(tmp_path):
         ino = os.fstat(held.f.fileno()).st_ino
     run_inference(make_adapter("random"), read_jsonl(b), out)
     assert lock.exists() and os.stat(lock).st_ino == ino                       # the same file: never deleted and re-made
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.jsonl", "p.jsonl"]   # nothing beside the outputs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.jsonl", "p.jsonl", "p.jsonl.times.jsonl"]   # outputs, clocks
 
 
 # --- secrets ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from .protocol import ADAPTERS, Adapter
 from .baselines import _CrossFit
 from .registry import make_adapter, plugin_modules
 from .inputs import make_inputs
-from .run import RunSummary, _answer_all, _repeated, run_inference
+from .run import RunSummary, _answer_all, _repeated, run_inference, times_path
 
 log = get_logger(__name__)
 
@@ -199,7 +199,7 @@ def _cli_infer(a) -> int:
     def _term(signum, frame): raise KeyboardInterrupt
     main = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, _term) if main else None
-    existed = Path(a.out).exists()
+    existed, timed = Path(a.out).exists(), times_path(a.out).exists()
     try: s = infer(a.model, a.benchmark, a.out, entry, cache_dir=a.cache_dir, root=a.root, limit=a.limit,
                    overwrite=a.overwrite, mixed=a.mixed)
     except KeyboardInterrupt: return 130
@@ -207,6 +207,7 @@ def _cli_infer(a) -> int:
         if main: signal.signal(signal.SIGTERM, old)
     if s.total and s.errors == s.total:            # nothing answered: a failure, and no file of errors left behind
         if not existed: Path(s.out).unlink(missing_ok=True)
+        if not timed: times_path(s.out).unlink(missing_ok=True)
         raise RunFailedError(f"{s.out}: all {s.total} answers of {a.model} are errors, the first {s.first_error}")
     print(f"{a.model}: {s.total} records, {s.skipped} already done, {s.answered} answered now, {s.errors} errors -> {s.out}")
     if s.errors: log.warning("%s: %d of %d answers are errors (run again to retry them); the first %s", s.out, s.errors, s.total, s.first_error)

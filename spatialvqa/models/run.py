@@ -23,12 +23,12 @@ from .inputs import make_inputs
 log = get_logger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'PREDICTION_FIELDS', 'run_config', 'prediction_key', 'partial_path', 'compact', 'lock_path', 'RunSummary',
-           'run_inference']
+__all__ = ['log', 'PREDICTION_FIELDS', 'TIME_FIELDS', 'run_config', 'prediction_key', 'partial_path', 'compact', 'lock_path',
+           'RunSummary', 'times_path', 'run_inference']
 
 # %% ../../nbs/41_models/07_run.ipynb #5fb2b8ef
 PREDICTION_FIELDS = ("qid", "key", "model", "adapter", "config_hash", "prompt_hash", "prompt_style", "representation",
-                     "raw", "error", "attempts", "latency_s", "ts")
+                     "raw", "error", "attempts")
 
 def run_config(adapter: Adapter, prompt_style: str = "default", inputs_spec: Mapping | None = None) -> dict:
     "Everything that decides a run's answers (besides the prompt text): hashed into `config_hash`."
@@ -115,11 +115,11 @@ class _Lock:
     def __exit__(self, *exc): self.f.close()
 
 # %% ../../nbs/41_models/07_run.ipynb #2cba70c6
-def _row(adapter, qid, key, cfg_hash, p_hash, style, rep, raw, error, attempts, latency) -> dict:
+def _row(adapter, qid, key, cfg_hash, p_hash, style, rep, raw, error, attempts) -> dict:
     "One prediction row; the answer and the error pass `mask_secrets` (a server may echo the key back)."
     return {"qid": qid, "key": key, "model": adapter.name, "adapter": getattr(adapter, "kind", type(adapter).__name__),
             "config_hash": cfg_hash, "prompt_hash": p_hash, "prompt_style": style, "representation": rep,
-            "raw": mask_secrets(raw), "error": mask_secrets(error), "attempts": attempts, "latency_s": round(latency, 4), "ts": _now()}
+            "raw": mask_secrets(raw), "error": mask_secrets(error), "attempts": attempts}
 
 def _err(e: BaseException) -> str: return mask_secrets(f"{type(e).__name__}: {e}")
 
@@ -133,6 +133,18 @@ def _repeated(items: Iterable) -> Any:
         if x in seen: return x
         seen.add(x)
     return None
+
+# %% ../../nbs/41_models/07_run.ipynb #c4d2f1b5
+TIME_FIELDS = ("qid", "key", "attempts", "latency_s", "ts")
+
+def times_path(out: str | os.PathLike) -> Path:
+    "The append-only log of the clocks of every answer written to `out` (one row of `TIME_FIELDS` each)."
+    out = Path(out)
+    return out.with_name(out.name + ".times.jsonl")
+
+def _time_row(qid: str, key: str, attempts: int, latency: float) -> dict:
+    "The clock of one answer: how many tries, the seconds it took, when it was written (UTC)."
+    return {"qid": qid, "key": key, "attempts": attempts, "latency_s": round(latency, 4), "ts": _now()}
 
 # %% ../../nbs/41_models/07_run.ipynb #00f3e856
 @dataclasses.dataclass
@@ -184,12 +196,14 @@ def _resume(plan: _RunPlan, records: Sequence[dict], adapter: Adapter, overwrite
 
 # %% ../../nbs/41_models/07_run.ipynb #733b6a6c
 class _RowWriter:
-    "Appends each answer of a run to its log as one prediction row (`_row`), counting the answers and the errors."
+    """Appends each answer of a run to its log as one prediction row (`_row`) and its clock to the times log
+    (`_time_row`), counting the answers and the errors."""
     def __init__(self, adapter: Adapter, plan: _RunPlan): self.adapter, self.plan, self.answered, self.errors = adapter, plan, 0, 0
     def __call__(self, r: dict, raw: str | None, error: str | None, attempts: int, latency: float):
         p, q = self.plan, r["qid"]
-        append_jsonl(_row(self.adapter, q, p.keys[q], p.cfg_hash, p.p_hash[q], p.style, p.rep, raw, error, attempts, latency),
-                     p.log_path)
+        row = _row(self.adapter, q, p.keys[q], p.cfg_hash, p.p_hash[q], p.style, p.rep, raw, error, attempts)
+        append_jsonl(row, p.log_path)
+        append_jsonl(_time_row(q, p.keys[q], attempts, latency), times_path(p.out))
         self.answered += 1; self.errors += error is not None
 
 def _make_batch(chunk: Sequence[dict], plan: _RunPlan, write: _RowWriter) -> list[tuple[dict, ModelInput]]:
