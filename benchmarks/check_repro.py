@@ -7,9 +7,10 @@
     python benchmarks/check_repro.py run --stages ctsvqa_score,tables [--threads 1,2] [--keep DIR]
         runs `dvc repro -f -s STAGE` for each stage once per thread setting (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,
         MKL_NUM_THREADS, torch's default threads, and a different PYTHONHASHSEED each time, so set iteration order
-        changes too), copies the files each stage declares (outs, metrics, plots; not the executed notebooks under
-        reports/, which hold timings) after each setting, and prints the ones that differ between settings. The stages'
-        inputs must be in the working tree. `make repro-check` runs it (STAGES=..., THREADS=...).
+        changes too), copies the files each stage declares (outs, metrics, plots, and the executed notebook under
+        reports/notebooks/, whose clocks the runner moves to reports/times/) after each setting, and prints the ones
+        that differ between settings. The stages' inputs must be in the working tree. `make repro-check` runs it
+        (STAGES=..., THREADS=...).
 
 Exit status: 0 when every file is identical, 1 when some differ, 2 on a usage error or a failed stage.
 """
@@ -114,7 +115,7 @@ def run(stages: list[str], threads: list[int], keep: Path | None) -> int:
     outs = stage_outputs()
     unknown = [s for s in stages if s not in outs]
     if unknown: print(f"unknown stage(s): {unknown}", file=sys.stderr); return 2
-    rels = [p for s in stages for p in outs[s] if not p.startswith("reports/")]
+    rels = [p for s in stages for p in outs[s]]
     work = keep or Path(tempfile.mkdtemp(prefix="check_repro-"))
     snaps = []
     for i, n in enumerate(threads):

@@ -204,12 +204,14 @@ def _mask_record(record: logging.LogRecord) -> bool:
     return True
 
 def get_logger(name: str = "spatialvqa") -> logging.Logger:
-    "A logger writing `time level name: message` to stderr, configured once."
+    """A logger writing `time level name: message` to stderr, configured once; without the time when
+    SPATIALVQA_LOG_TIME=0 (a stage's executed copy, which keeps no clock)."""
     root = logging.getLogger("spatialvqa")
     if not root.handlers:
         h = logging.StreamHandler(sys.stderr)
         h.addFilter(_mask_record)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        when = "" if os.environ.get("SPATIALVQA_LOG_TIME", "1") == "0" else "%(asctime)s "
+        h.setFormatter(logging.Formatter(when + "%(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         root.addHandler(h)
         root.setLevel(os.environ.get("SPATIALVQA_LOG", "INFO"))
         root.propagate = False

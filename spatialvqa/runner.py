@@ -8,6 +8,7 @@ Docs: https://spatialvqa.github.io/spatialvqa/runner.html.md"""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -135,6 +136,20 @@ def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) 
     return clock
 
 
+# %% ../nbs/48_runner.ipynb #f7a5c4e8
+_QUIET = {"SPATIALVQA_PROGRESS": "0", "SPATIALVQA_LOG_TIME": "0"}
+
+@contextlib.contextmanager
+def _quiet_kernel():
+    "While the block runs, a kernel it starts draws no progress bars and logs no time of day (then as it was)."
+    old = {k: os.environ.get(k) for k in _QUIET}
+    os.environ.update(_QUIET)
+    try: yield
+    finally:
+        for k, v in old.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
 # %% ../nbs/48_runner.ipynb #2a3fd119
 def run_stage(stage: str, given: Mapping | None = None, key: str | None = None, dvc_file: str | os.PathLike = "dvc.yaml",
               params_file: str | os.PathLike = "params.yaml", kernel: str = "spatialvqa") -> Path:
@@ -147,7 +162,8 @@ def run_stage(stage: str, given: Mapping | None = None, key: str | None = None, 
     import papermill
     logging.getLogger("papermill").setLevel(logging.WARNING)
     run = dict(parameters=values, kernel_name=kernel, cwd=".", progress_bar=False)
-    try: papermill.execute_notebook(str(nb), str(out), **run)
+    try:
+        with _quiet_kernel(): papermill.execute_notebook(str(nb), str(out), **run)
     finally:
         if out.exists():                       # a failed run's copy too: it is what the reader opens
             clock = Path("reports/times") / f"{out.stem}.json"

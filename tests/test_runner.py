@@ -13,7 +13,7 @@ import pytest
 from spatialvqa.models.commands import infer
 from spatialvqa.models.protocol import ModelInput
 from spatialvqa.models.registry import make_adapter
-from spatialvqa.models.run import PREDICTION_FIELDS, _Lock, lock_path, partial_path, run_inference
+from spatialvqa.models.run import PREDICTION_FIELDS, _Lock, lock_path, partial_path, run_inference, times_path
 from spatialvqa.questions.tables import with_rotations
 from spatialvqa.core import read_jsonl, write_jsonl
 from spatialvqa.llm.openai import FakeOpenAIServer
@@ -70,6 +70,11 @@ def _check_resumed(bench, out, calls, finished_before):
     # the same answers as an uninterrupted run (the random baseline is deterministic per qid)
     ref = make_adapter("random").predict([ModelInput(r, "") for r in read_jsonl(bench)])
     assert [r["raw"] for r in rows] == ref
+    straight = out.with_name("straight.jsonl")                  # ... byte for byte: the clocks live apart
+    run_inference(make_adapter("random"), read_jsonl(bench), straight, batch_size=2)
+    assert out.read_bytes() == straight.read_bytes()
+    clocks = read_jsonl(times_path(out))                        # a clock for every answer written, the lost ones' too
+    assert {t["key"] for t in clocks} == {r["key"] for r in rows} and len(clocks) >= len(rows)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
@@ -201,3 +206,14 @@ def test_cross_fitted_answers_unchanged_by_rotations(phantom_bench, name):
     circ.prepare(with_rotations(recs))
     assert {q: circ._preds[q] for q in plain._preds} == plain._preds            # never trained on the rotated copies
     assert all(r["qid"] in circ._preds for r in with_rotations(recs))
+
+
+@pytest.mark.parametrize("timed", ["1", "0"])
+def test_log_lines_carry_the_time_of_day_unless_told_not_to(timed):
+    "A stage's kernel runs with SPATIALVQA_LOG_TIME=0 (spatialvqa.runner): the log lines its copy keeps hold no clock."
+    r = subprocess.run([sys.executable, "-c", "from spatialvqa.core import get_logger; get_logger('x').info('hello')"],
+                       env={**os.environ, "SPATIALVQA_LOG_TIME": timed}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    if timed == "1": assert line[:9].count(":") == 2 and line[9:] == "INFO spatialvqa.x: hello", line
+    else: assert line == "INFO spatialvqa.x: hello", line
