@@ -137,7 +137,8 @@ def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) 
 
 
 # %% ../nbs/48_runner.ipynb #f7a5c4e8
-_QUIET = {"SPATIALVQA_PROGRESS": "0", "SPATIALVQA_LOG_TIME": "0"}
+_QUIET = {"SPATIALVQA_PROGRESS": "0", "SPATIALVQA_LOG_TIME": "0",       # the package's own bars and log lines
+          "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}       # other libraries' bars (model loading)
 
 @contextlib.contextmanager
 def _quiet_kernel():
