@@ -202,8 +202,8 @@ class _RowWriter:
     def __call__(self, r: dict, raw: str | None, error: str | None, attempts: int, latency: float):
         p, q = self.plan, r["qid"]
         row = _row(self.adapter, q, p.keys[q], p.cfg_hash, p.p_hash[q], p.style, p.rep, raw, error, attempts)
-        append_jsonl(row, p.log_path)
-        append_jsonl(_time_row(q, p.keys[q], attempts, latency), times_path(p.out))
+        append_jsonl(_time_row(q, p.keys[q], attempts, latency), times_path(p.out))   # the clock first: a run
+        append_jsonl(row, p.log_path)                                   # stopped between them asks again, clocks twice
         self.answered += 1; self.errors += error is not None
 
 def _make_batch(chunk: Sequence[dict], plan: _RunPlan, write: _RowWriter) -> list[tuple[dict, ModelInput]]:
