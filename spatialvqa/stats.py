@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -17,10 +18,10 @@ import pandas as pd
 from .core import stable_hash
 
 # %% auto #0
-__all__ = ['MRA_THRESHOLDS', 'resampled_sums', 'bootstrap_means', 'percentile_interval', 'bootstrap_ci', 'bootstrap_cis',
-           'paired_bootstrap_diff', 'mcnemar', 'holm', 'cluster_labels', 'pairwise_tests', 'with_ci', 'fmt_p', 'wilson',
-           'cohen_kappa', 'fleiss_kappa', 'mra', 'design_effect', 'icc', 'min_detectable_difference', 'group_folds',
-           'cross_fit', 'word_counts', 'length_stats']
+__all__ = ['MRA_THRESHOLDS', 'resampled_sums', 'bootstrap_means', 'percentile_interval', 'replicate_se', 'bootstrap_ci',
+           'bootstrap_cis', 'paired_bootstrap_diff', 'mcnemar', 'holm', 'cluster_labels', 'pairwise_tests', 'with_ci',
+           'fmt_p', 'wilson', 'cohen_kappa', 'fleiss_kappa', 'mra', 'design_effect', 'icc', 'min_detectable_difference',
+           'group_folds', 'cross_fit', 'word_counts', 'length_stats']
 
 # %% ../nbs/01_stats.ipynb #bc1b45fb
 def _cluster_codes(clusters, n: int) -> tuple[np.ndarray, int]:
@@ -72,9 +73,21 @@ def bootstrap_means(values, clusters=None, n_boot: int = 2000, seed: int = 0) ->
 
 # %% ../nbs/01_stats.ipynb #1a251aeb
 def percentile_interval(reps: np.ndarray, alpha: float) -> tuple:
-    "The (alpha/2, 1 - alpha/2) percentiles of bootstrap replicates, per column (NaN replicates ignored)."
-    lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2], axis=0)
+    """The (alpha/2, 1 - alpha/2) percentiles of bootstrap replicates, per column (NaN replicates ignored; NaN for a
+    column with none, without numpy's warning)."""
+    with warnings.catch_warnings():  # how often numpy warns depends on which worker meets an empty column
+        warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
+        lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2], axis=0)
     return lo, hi
+
+def replicate_se(reps: np.ndarray):
+    """The bootstrap standard error: the SD (ddof 1) of the replicates, per column of a 2-D `reps`, NaN replicates
+    ignored. NaN where fewer than 2 replicates have a value, without the warning numpy would print."""
+    r = np.asarray(reps, dtype=float)
+    with warnings.catch_warnings():  # numpy already gives NaN there; a stage's executed copy must not vary with it
+        warnings.filterwarnings("ignore", "Degrees of freedom", RuntimeWarning)
+        se = np.nanstd(r, axis=0, ddof=1)
+    return float(se) if r.ndim == 1 else se
 
 def bootstrap_ci(values, clusters=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> dict:
     """The mean of `values` (NaN items left out) with its percentile cluster-bootstrap interval:
@@ -86,7 +99,7 @@ def bootstrap_ci(values, clusters=None, n_boot: int = 2000, seed: int = 0, alpha
     if not keep.any(): return dict(estimate=np.nan, ci_low=np.nan, ci_high=np.nan, se=np.nan, n=0, n_clusters=0)
     est, reps = bootstrap_means(v[keep], cl, n_boot, seed)
     lo, hi = percentile_interval(reps, alpha)
-    return dict(estimate=est, ci_low=float(lo), ci_high=float(hi), se=float(np.nanstd(reps, ddof=1)), n=int(keep.sum()),
+    return dict(estimate=est, ci_low=float(lo), ci_high=float(hi), se=replicate_se(reps), n=int(keep.sum()),
                 n_clusters=int(keep.sum()) if cl is None else _cluster_codes(cl, len(cl))[1])
 
 def bootstrap_cis(frame: pd.DataFrame, clusters=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
@@ -94,7 +107,7 @@ def bootstrap_cis(frame: pd.DataFrame, clusters=None, n_boot: int = 2000, seed: 
     `ci_low`, `ci_high`, `se`, `n` (non-missing items)."""
     est, reps = bootstrap_means(frame.to_numpy(dtype=float), clusters, n_boot, seed)
     lo, hi = percentile_interval(reps, alpha)
-    return pd.DataFrame(dict(estimate=est, ci_low=lo, ci_high=hi, se=np.nanstd(reps, axis=0, ddof=1),
+    return pd.DataFrame(dict(estimate=est, ci_low=lo, ci_high=hi, se=replicate_se(reps),
                              n=frame.notna().sum().to_numpy()), index=frame.columns)
 
 # %% ../nbs/01_stats.ipynb #d16539f2
