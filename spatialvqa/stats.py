@@ -89,6 +89,7 @@ def replicate_se(reps: np.ndarray):
         se = np.nanstd(r, axis=0, ddof=1)
     return float(se) if r.ndim == 1 else se
 
+# %% ../nbs/01_stats.ipynb #5c1e9a07
 def bootstrap_ci(values, clusters=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> dict:
     """The mean of `values` (NaN items left out) with its percentile cluster-bootstrap interval:
     `estimate`, `ci_low`, `ci_high`, `se` (SD of the replicates), `n` items and `n_clusters` clusters with a value."""
