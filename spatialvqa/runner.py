@@ -115,10 +115,22 @@ _CLOCKS = ("start_time", "end_time", "duration")
 
 def _settle_text(text: str, root: str) -> str: return text.replace(root + os.sep, "./").replace(root, ".")
 
+def _settle_streams(outputs: list) -> list:
+    "`outputs` with empty stream outputs dropped and each run of outputs to one stream joined: how a kernel flushes varies."
+    kept = []
+    for o in outputs:
+        if o.get("output_type") == "stream":
+            if not o.get("text"): continue
+            if kept and kept[-1].get("output_type") == "stream" and kept[-1].get("name") == o.get("name"):
+                kept[-1]["text"] += o["text"]; continue
+        kept.append(o)
+    return kept
+
 def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) -> dict:
     """Rewrite the executed notebook at `path` without what changes from run to run: papermill's clocks (the run's and
     each cell's), Jupyter's execution times, the injected parameters cell's random id, and `root` (default: the working
-    directory, the project's root) in text outputs. The run's clock it took out: `start_time`, `end_time`, `duration`."""
+    directory, the project's root) in text outputs, and how the kernel happened to flush its streams (`_settle_streams`).
+    The run's clock it took out: `start_time`, `end_time`, `duration`."""
     import nbformat
     nb, root = nbformat.read(str(path), as_version=4), str(Path(root or os.getcwd()).resolve())
     run = nb.metadata.get("papermill", {})
@@ -132,6 +144,7 @@ def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) 
             for mime, v in o.get("data", {}).items():
                 if mime.startswith("text/") and isinstance(v, str): o.data[mime] = _settle_text(v, root)
             if "traceback" in o: o.traceback = [_settle_text(t, root) for t in o.traceback]
+        if "outputs" in c: c.outputs = _settle_streams(c.outputs)
     nbformat.write(nb, str(path))
     return clock
 
