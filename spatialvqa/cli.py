@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['STAGE_COMMANDS', 'lazy_number', 'scan_id_of', 'stage_notebook', 'stage_parameters', 'check_records', 'exec_stage',
-           'read_json_list', 'add_stage_command', 'parser', 'main']
+__all__ = ['FETCH_SOURCES', 'STAGE_COMMANDS', 'lazy_number', 'scan_id_of', 'stage_notebook', 'stage_parameters', 'check_records',
+           'exec_stage', 'read_json_list', 'add_stage_command', 'parser', 'main']
 
 # %% ../nbs/49_cli.ipynb #8517f92e
 def lazy_number(*args) -> Callable[[str], int | float]:
@@ -85,18 +85,42 @@ def _measure_manifest(a) -> int:
     return 0
 
 # %% ../nbs/49_cli.ipynb #34d476ab
+FETCH_SOURCES = ("pyradiomics", "totalsegmentator", "totalsegmentator-full", "ct-spatialvqa", "openkbp", "nsclc-radiomics",
+                 "tcia-hn-two-readers")    # fetch.SOURCES, named here so that `--help` imports nothing
+
+def _default_mirror() -> str | None:
+    "The project's `../shared/data`: beside the project at or above the working directory, else the installed package's."
+    from spatialvqa.core import shared_data
+    try: return str(shared_data())
+    except FileNotFoundError: return None
+
 def _fetch(a) -> int:
     from spatialvqa.core import write_json
     from spatialvqa.fetch import fetch_source
+    mirror = _default_mirror() if a.mirror is None else a.mirror or None
     recs = [dict(source=s, **r) for s in a.source
-            for r in fetch_source(s, a.out, mirror=a.mirror or None, online=not a.offline, base_url=a.base_url)]
+            for r in fetch_source(s, a.out, mirror=mirror, online=not a.offline, base_url=a.base_url)]
     write_json(recs, Path(a.out) / "fetch_manifest.json")
     return 0
 
+def _phantom_targets(out: Path, layout: str, n: int) -> list[Path]:
+    "What `spatialvqa phantom` would write in `out`: the case folders and the phantoms' mark (cohort layout: its manifest)."
+    from spatialvqa.convert.commands import PHANTOM_MARK
+    if layout == "totalsegmentator": return [out / PHANTOM_MARK, *(out / f"s{i + 1:04d}" for i in range(n))]
+    return [out / "cohort.json", *(p for i in range(n) for p in out.glob(f"phantom_{i:03d}*"))]
+
 def _phantom(a) -> int:
+    from spatialvqa.convert.commands import PHANTOM_MARK
+    from spatialvqa.core import OutputError, write_json
     from spatialvqa.phantom.cohort import make_cohort, write_totalsegmentator
-    if a.layout == "totalsegmentator": write_totalsegmentator(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
-    else: make_cohort(a.out, n_subjects=a.n, seed=a.seed, workers=a.workers)
+    out = Path(a.out)
+    if there := [p.name for p in _phantom_targets(out, a.layout, a.n) if p.exists()]:
+        raise OutputError(f"{out}: already holds {', '.join(there[:3])}{' ...' if len(there) > 3 else ''}, which the phantoms "
+                          "would replace (a real dataset's cases have the same names); give an empty or new --out. Nothing written")
+    if a.layout == "totalsegmentator":
+        cases = write_totalsegmentator(out, n_subjects=a.n, seed=a.seed, workers=a.workers)
+        write_json({"generator": "spatialvqa phantom", "seed": a.seed, "cases": [c.name for c in cases]}, out / PHANTOM_MARK)
+    else: make_cohort(out, n_subjects=a.n, seed=a.seed, workers=a.workers)
     return 0
 
 # %% ../nbs/49_cli.ipynb #8310e93e
@@ -125,7 +149,7 @@ STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a com
                    defaults={"cache": ""}, notes={"cache": "content-hash cache of renderings (default: OUT/.cache)"},
                    bounds={"size": (16, 4096), "grid_size": (16, 8192), "grid_n": (1, 256), "margin_mm": (0, 1000), "workers": (0, 256)}),
     "score": dict(outputs={"out": ""}, hidden=("predictions", "models", "params_file"), benchmark="benchmark"),
-    "tables": dict(outputs={"out": ""}, defaults={"draws": "", "filter_report": ""},
+    "tables": dict(outputs={"out": ""}, defaults={"draws": "", "filter_report": ""}, bounds={"n_boot": (1, None)},
                    notes={"scores": "the score command's scores.parquet, or its --out folder (then its circular.parquet too)",
                           "draws": "the draws stage's runs of the seeded baselines",
                           "filter_report": "the validate command's filter_report.json: Table 2 marks the tasks it "
@@ -245,6 +269,15 @@ def _score_inputs(files: list[str], work: Path) -> dict:
     (work / "params.yaml").write_text(yaml.safe_dump({"infer": {"models": models}}))
     return dict(predictions=str(work / "predictions"), models=",".join(runs), params_file=str(work / "params.yaml"))
 
+def _answered(benchmark: str, predictions: str, named: list[str]) -> None:
+    "Refuse predictions (`named` files, staged in folder `predictions`) none of which answers a question of `benchmark`."
+    from spatialvqa.core import read_jsonl
+    qids = {str(r["qid"]) for r in read_jsonl(benchmark)}
+    rows = [r for f in sorted(Path(predictions).glob("*.jsonl")) for r in read_jsonl(f)]
+    if not any(str(r["qid"]).split("#rot")[0] in qids for r in rows):
+        raise ValueError(f"{', '.join(named)}: none of the {len(rows)} predictions answers a question of the benchmark "
+                         f"(e.g. qid {str(rows[0]['qid'])!r}); were they made on another benchmark? (give it with --benchmark)")
+
 def _relative_paths(staged: Path, final: Path) -> None:
     "Every JSONL benchmark written under `staged` names its scans relative to where it will lie under `final`."
     from spatialvqa.core import read_jsonl, write_jsonl
@@ -323,7 +356,9 @@ def _run_stage_command(a) -> int:
         if b := spec.get("benchmark"): params[b] = _benchmark_input(params[b], work)
         if n := spec.get("min_scans"): _min_scans(params[spec["benchmark"]], int(params[n]), given[spec["benchmark"]])
         if m := spec.get("measured"): params[m[0]], params[m[1]] = _measured_inputs(params[m[0]], params[m[1]], work)
-        if stage == "score": params.update(_score_inputs(a.predictions, work))
+        if stage == "score":
+            params.update(_score_inputs(a.predictions, work))
+            _answered(params["benchmark"], params["predictions"], a.predictions)
         if stage == "tables":
             if params.get("filter_report"): _filter_report(params["filter_report"])
             if Path(params["scores"]).is_dir():
@@ -352,6 +387,9 @@ def _run_stage_command(a) -> int:
         staged = work / "out"
         params.update({k: str(staged / sub) for k, sub in spec["outputs"].items()})
         exec_stage(stage, params)
+        if stage == "generate" and not (staged / "questions.jsonl").read_text().strip():   # nothing to write is a failure
+            raise ValueError(f"{given['structures']}: no question could be asked of these structures (too few of them, or "
+                             f"none with {params.get('min_voxels')} voxels or more: --min-voxels); nothing written")
         _relative_paths(staged, out)
         files = [p for p in sorted(staged.rglob("*")) if p.is_file()]
         for p in files: check_output(out / p.relative_to(staged))  # nothing replaces an input or a folder
@@ -428,14 +466,15 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     m.add_argument("--workers", type=lazy_number(int, 0), default=None, help="a manifest: worker processes (default: all cores; 0: in process)")
     m.set_defaults(func=_measure, prefetch=("labels", "image"))
     f = sub.add_parser("fetch", help="fetch pinned external data, verifying SHA-256")
-    f.add_argument("source", nargs="+", help="source names (pyradiomics, totalsegmentator, ct-spatialvqa)")
+    f.add_argument("source", nargs="+", help=f"source names ({', '.join(FETCH_SOURCES)})")
     f.add_argument("--out", required=True, help="destination folder")
-    f.add_argument("--mirror", default="../shared/data", help="local mirror folder tried first ('' for none)")
+    f.add_argument("--mirror", default=None, help="local mirror folder tried first ('' for none; default: ../shared/data "
+                   "beside the project at or above the working directory, else beside the installed package's repository)")
     f.add_argument("--offline", action="store_true", help="never download")
     f.add_argument("--base-url", default=None, help="an HTTP mirror replacing the pinned upstream prefix")
     f.set_defaults(func=_fetch)
     g = sub.add_parser("phantom", help="generate the procedural phantom cohort")
-    g.add_argument("--out", required=True)
+    g.add_argument("--out", required=True, help="output folder; what it already holds is never replaced (the command refuses)")
     g.add_argument("-n", type=lazy_number(int, 1, 100000), default=8, help="number of subjects (at least 1; default 8)")
     g.add_argument("--seed", type=lazy_number(int, 0), default=0, help="cohort seed (default 0)")
     g.add_argument("--workers", type=lazy_number(int, 0), default=None, help="worker processes (default: all cores; 0: in process)")
@@ -490,10 +529,16 @@ def _check_out(a: argparse.Namespace, inputs: list[str]) -> None:
 def _user_error(e: BaseException) -> bool:
     """A fault of the input or the environment, reported as one sentence with status 2: the project's own error types
     (any exception class defined in a `spatialvqa` module: `ScanError`, `FetchError`, `LLMError`, `OutputError` ...),
-    and `OSError`, `ValueError` and `KeyError`, which the library raises with the file and the fault named."""
-    return isinstance(e, (OSError, ValueError, KeyError)) or type(e).__module__.startswith("spatialvqa.")
+    and `OSError`, `ValueError` and `KeyError`, which the library raises with the file and the fault named, and PyYAML's
+    errors (a params file or an option's YAML/JSON text that does not parse)."""
+    return isinstance(e, (OSError, ValueError, KeyError)) or type(e).__module__.startswith(("spatialvqa.", "yaml"))
 
 def _sentence(e: BaseException) -> str:
+    if type(e).__module__.startswith("yaml"):          # where it is (a file, or an option's text) and what, in one line
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = "an option's text" if not mark or str(mark.name).startswith("<") else str(mark.name)
+        at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{where}: not valid YAML or JSON ({getattr(e, 'problem', None) or type(e).__name__}{at})"
     if isinstance(e, OSError) and e.filename and e.strerror:
         return f"{e.filename}: {e.strerror}" + (f" (and {e.filename2})" if e.filename2 else "")
     text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e) or type(e).__name__

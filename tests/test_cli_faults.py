@@ -18,7 +18,9 @@ CASES = {
                 ("{d}/broken.nii.gz --out {d}/emptydir", ["emptydir", "is a folder"])],
     "fetch": [("nosuch --out {d}/f --offline --mirror ''", ["unknown source 'nosuch'"]),
               ("pyradiomics --out {d}/afile --offline --mirror ''", ["afile", "must be a folder"])],
-    "phantom": [("--out {d}/afile -n 1", ["afile", "must be a folder"])],
+    "phantom": [("--out {d}/afile -n 1", ["afile", "must be a folder"]),
+                # a real TotalSegmentator case has the phantoms' names: never replaced (more: tests/test_cli.py)
+                ("--out {d}/tsdir -n 2 --layout totalsegmentator", ["tsdir: already holds s0001", "Nothing written"])],
     "convert": [("msd {d}/emptydir --out {d}/c", ["emptydir/dataset.json", "no such file"]),
                 ("msd {d}/emptydir --out {d}/emptydir", ["emptydir", "is the input"]),
                 # more: tests/test_rtstruct.py
@@ -51,6 +53,8 @@ CASES = {
               ("--model random --benchmark {d}/dup.jsonl --out {d}/link.jsonl", ["link.jsonl", "symbolic link"]),
               ("--model random --benchmark {d}/dup.jsonl --out {d}/afile/p.jsonl", ["afile", "is a file"]),
               ("--model nosuch --benchmark {d}/ok.jsonl --out {d}/p.jsonl", ["unknown model adapter 'nosuch'"]),
+              ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --config {oops", ["an option's text: not valid YAML or JSON", "column 6"]),
+              ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --params {d}/badp.yaml", ["badp.yaml: not valid YAML or JSON"]),
               ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --config api_key=sk-abcdefgh12345678", ["--config.api_key", "api_key_env"])],
     "ctrate-download": [("--questions {d}/list.jsonl --out {d}/d", ["list.jsonl:2", "not list"])],
     "report-qa": [("--reports {d}/bad.json --out {d}/r.jsonl", ["bad.json", "not valid JSON"]),
@@ -70,8 +74,11 @@ CASES = {
                ("{d}/ok.jsonl --out {d}/r", ["none of the 1 questions could be rendered as three_views", "the first"])],
     "score": [("--benchmark {d}/ok.jsonl --predictions {d}/empty.jsonl --out {d}/s", ["empty.jsonl", "no predictions"]),
               ("--benchmark {d}/ok.jsonl --predictions {d}/list.jsonl --out {d}/s", ["list.jsonl:2", "not list"]),
-              ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/ok.jsonl", ["ok.jsonl", "is the input"])],
+              ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/ok.jsonl", ["ok.jsonl", "is the input"]),
+              ("--benchmark {d}/ok.jsonl --predictions {d}/foreign.jsonl --out {d}/s",
+               ["foreign.jsonl: none of the 1 predictions answers a question of the benchmark", "'zz'"])],
     "tables": [("--scores {d}/absent.parquet --out {d}/t", ["absent.parquet: no such file", "--scores"]),
+               ("--scores {d}/absent.parquet --n-boot 0 --out {d}/t", ["--n-boot: 0 is out of range"]),
                ("--scores {d}/preds.jsonl --out {d}/t", ["preds.jsonl"]),
                ("--scores {d}/absent.parquet --filter-report {d}/absent.json --out {d}/t",
                 ["absent.json: no such file", "--filter-report"]),
@@ -105,6 +112,10 @@ def broken(tmp_path_factory):
     (d / "afile").write_text("x")
     (d / "emptydir").mkdir()
     (d / "link.jsonl").symlink_to(d / "preds.jsonl")
+    (d / "badp.yaml").write_text("infer: [\n")
+    (d / "foreign.jsonl").write_text('{"qid": "zz", "model": "m", "answer": "A"}\n')
+    (d / "tsdir" / "s0001").mkdir(parents=True)
+    (d / "tsdir" / "s0001" / "ct.nii.gz").write_text("a real patient's CT")
     return d
 
 
@@ -131,3 +142,4 @@ def test_subcommand_on_broken_input_is_status_2_with_a_sentence(cmd, broken):
         assert "sk-abcdefgh12345678" not in r.stderr + r.stdout
     # no broken input was changed by any of the commands
     assert {p.name: p.read_bytes() for p in broken.iterdir() if p.is_file() and not p.is_symlink() and p.name in keep} == keep
+    assert (broken / "tsdir" / "s0001" / "ct.nii.gz").read_text() == "a real patient's CT"

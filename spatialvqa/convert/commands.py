@@ -12,11 +12,11 @@ import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
-from .writer import IMAGE_MODES
+from .writer import IMAGE_MODES, LICENCES
 from .datasets import CONVERTERS, convert
 
 # %% auto #0
-__all__ = ['add_cli']
+__all__ = ['PHANTOM_MARK', 'add_cli']
 
 # %% ../../nbs/17_convert/11_commands.ipynb #8415ac4c
 def _parse_map(items: Sequence[str] | None) -> dict[int | str, str] | None:
@@ -31,6 +31,8 @@ def _parse_map(items: Sequence[str] | None) -> dict[int | str, str] | None:
 _FLAGS = {"name": "--name", "images": "--images", "verify_images": "--verify-images", "modalities": "--mri",
           "mapping": "--map", "task": "--task", "version": "--version", "seg": "--seg", "ct": "--ct", "scan_id": "--scan-id"}
 
+PHANTOM_MARK = "spatialvqa-phantoms.json"   # `spatialvqa phantom --layout totalsegmentator` leaves it beside its cases
+
 def _cli_convert(a) -> int:
     given = dict(name=a.name, images=a.images, verify_images=a.verify_images or None,
                  modalities=("CT", "MRI") if a.mri else None, mapping=_parse_map(a.map), task=a.task, version=a.version, seg=a.seg,
@@ -38,6 +40,11 @@ def _cli_convert(a) -> int:
     kw = {k: v for k, v in given.items() if v is not None}
     takes = inspect.signature(CONVERTERS[a.dataset]).parameters
     if bad := [_FLAGS[k] for k in kw if k not in takes]: raise ValueError(f"convert {a.dataset}: {', '.join(bad)} does not apply to this dataset")
+    if (Path(a.src) / PHANTOM_MARK).is_file() and "licence" in takes:   # generated, not TotalSegmentator's patients
+        if a.name not in (None, "phantom"):
+            raise ValueError(f"{Path(a.src) / PHANTOM_MARK}: these are spatialvqa's phantoms, recorded as the source 'phantom' "
+                             f"(which the validity checks never count as real patients); --name {a.name} would pass them off as a dataset")
+        kw.update(name="phantom", licence=LICENCES["phantom"])
     # absolute paths in the manifest: it is read from any folder (a relative one would be relative to this cwd)
     recs = convert(a.dataset, Path(a.src).resolve(), Path(a.out).resolve(), workers=a.workers, **kw)
     return 0 if recs else 1
