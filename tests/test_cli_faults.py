@@ -53,6 +53,7 @@ CASES = {
               ("--model random --benchmark {d}/dup.jsonl --out {d}/link.jsonl", ["link.jsonl", "symbolic link"]),
               ("--model random --benchmark {d}/dup.jsonl --out {d}/afile/p.jsonl", ["afile", "is a file"]),
               ("--model nosuch --benchmark {d}/ok.jsonl --out {d}/p.jsonl", ["unknown model adapter 'nosuch'"]),
+              ("--model random --benchmark {d}/empty.jsonl --out {d}/p.jsonl", ["empty.jsonl: no questions"]),
               ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --config {oops", ["an option's text: not valid YAML or JSON", "column 6"]),
               ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --params {d}/badp.yaml", ["badp.yaml: not valid YAML or JSON"]),
               ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --config api_key=sk-abcdefgh12345678", ["--config.api_key", "api_key_env"])],

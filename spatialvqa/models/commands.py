@@ -205,6 +205,10 @@ def _cli_infer(a) -> int:
     except KeyboardInterrupt: return 130
     finally:
         if main: signal.signal(signal.SIGTERM, old)
+    if not s.total:                                # an empty benchmark: nothing to answer is a failure, as in `validate`
+        if not existed: Path(s.out).unlink(missing_ok=True)
+        if not timed: times_path(s.out).unlink(missing_ok=True)
+        raise ValueError(f"{a.benchmark}: no questions")
     if s.total and s.errors == s.total:            # nothing answered: a failure, and no file of errors left behind
         if not existed: Path(s.out).unlink(missing_ok=True)
         if not timed: times_path(s.out).unlink(missing_ok=True)
@@ -227,10 +231,15 @@ def add_cli(subparsers) -> None:
                    "volume:<preset> (default: the adapter's own: none for blind baselines, its preset for a 3D model; "
                    "a model that reads images and has no preset must be given one)")
     p.add_argument("--index", help="render stage index.jsonl of the representation")
-    p.add_argument("--prompt-style", dest="prompt_style")
-    p.add_argument("--batch-size", dest="batch_size", type=int)
-    p.add_argument("--max-retries", dest="max_retries", type=int)
-    p.add_argument("--cache-dir", dest="cache_dir", default=".cache/views")
+    p.add_argument("--prompt-style", dest="prompt_style", help="how a question becomes the prompt: default, radiologist, free_text or cot "
+                   "(spatialvqa.prompt.PROMPT_STYLES; default: the model entry's, else default)")
+    p.add_argument("--batch-size", dest="batch_size", type=int, help="questions sent to the model at once (default: the "
+                   "model entry's, else 8)")
+    p.add_argument("--max-retries", dest="max_retries", type=int, help="times a question whose answer failed is asked again "
+                   "(default: the model entry's, else 2); an API adapter's own retries of one request are its "
+                   "--config max_attempts=N (default 5)")
+    p.add_argument("--cache-dir", dest="cache_dir", default=".cache/views", help="cache of the images rendered for the model "
+                   "(default: .cache/views, under the working directory)")
     p.add_argument("--root", help="folder that relative scan paths are under (default: the benchmark's folder, else the "
                    "project above it that holds dvc.yaml/params.yaml; never the working directory)")
     p.add_argument("--limit", type=int, help="only the first N records (N >= 1; default: all)")
