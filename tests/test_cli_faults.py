@@ -59,6 +59,7 @@ CASES = {
               ("--model random --benchmark {d}/ok.jsonl --out {d}/p.jsonl --config api_key=sk-abcdefgh12345678", ["--config.api_key", "api_key_env"])],
     "ctrate-download": [("--questions {d}/list.jsonl --out {d}/d", ["list.jsonl:2", "not list"])],
     "report-qa": [("--reports {d}/bad.json --out {d}/r.jsonl", ["bad.json", "not valid JSON"]),
+                  ("--reports {d}/empty.jsonl --out {d}/r.jsonl", ["empty.jsonl: no reports"]),
                   ("--reports {d}/bad.json --out {d}/bad.json", ["bad.json", "is the input"])],
     "check-params": [("{d}/secret.yaml", ["secret.yaml: validate.llm.api_key", "api_key_env"]),
                      ("{d}/bad.json", ["bad.json", "not valid YAML"]),

@@ -38,6 +38,7 @@ def _cli_report_qa(args) -> int:
     p = Path(args.reports)
     reports = (read_ctrate_reports(p) if p.suffix == ".csv" else read_jsonl(p, strict=True, require=("volume",))
                if p.suffix == ".jsonl" else read_ctsvqa_reports(p))
+    if not reports: raise ValueError(f"{p}: no reports (an empty file, or none in the form of CT-RATE's CSV/JSONL)")
     for n, r in enumerate(reports, 1):
         for f in ("volume", "findings", "impressions"):
             if r.get(f) is not None and not isinstance(r[f], str):
@@ -153,7 +154,14 @@ def _cli_judge(a) -> int:
     out = Path(a.out)
     cache = a.cache or out.with_name(out.stem + ".llm_cache.jsonl")
     judges = [make_judge(s, cache, a.cache_mode) for s in a.judge]
+    existed = out.exists()
     s = judge_predictions(items, judges, out, batch_size=a.batch_size, threshold=a.threshold)
+    if s.asked and s.failed == s.asked and not s.judged:   # every call failed (no key, no server): a failure, with why
+        from spatialvqa.llm.protocol import LLMError
+        first = next((e for r in read_jsonl(out) for e in r["errors"].values() if e and e != "not judged"), "no reason given")
+        if not existed:
+            for p in (out, out.with_name(out.name + ".partial"), out.with_name(out.name + ".partial.lock")): p.unlink(missing_ok=True)
+        raise LLMError(f"{out}: all {s.failed} judge calls failed and nothing was judged (nothing written); the first: {first}")
     print(f"{out}: {s.total} questions, judges {', '.join(s.judges)}; {s.asked} verdicts asked now, {s.skipped} from an "
           f"earlier run, {s.malformed} malformed replies (errors, not votes), {s.failed} failed calls; jury accuracy "
           f"{s.jury_accuracy:.4f} over {s.judged} judged questions" + ("" if s.complete else "; INCOMPLETE: run again to finish"))
