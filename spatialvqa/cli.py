@@ -427,7 +427,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
         lo, hi = spec.get("bounds", {}).get(k, (0, None))
         kind = {bool: _flag_text, int: lazy_number(int, lo, hi), float: lazy_number(float, lo, hi)}.get(type(default), str)
         p.add_argument("--" + k.replace("_", "-"), dest=k, type=kind, default=default, metavar=k.upper(),
-                       help=f"{note + ' ' if note else ''}(default: {default if default not in ('', None) else 'none'})")
+                       help=note if "(default:" in note else f"{note + ' ' if note else ''}(default: {default if default not in ('', None) else 'none'})")
     if stage == "score":
         p.add_argument("--predictions", nargs="+", required=True, help="predictions JSONL files of `spatialvqa infer`; a file "
                        "that holds several runs (models, settings) has each scored under its own name (model or model@config)")

@@ -59,7 +59,7 @@ def add_report_commands(subparsers) -> None:
     d.add_argument("--out", required=True, help="output folder (CT-RATE's dataset/<split>_fixed layout)")
     d.add_argument("--metadata", help="CT-RATE metadata CSV (default: downloaded)")
     d.add_argument("--fixed", action="store_true", help="download CT-RATE's corrected copies instead of fixing the originals")
-    d.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the Hugging Face token")
+    d.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the Hugging Face token (default: HF_TOKEN)")
     d.add_argument("--revision", help="CT-RATE revision (commit) to download from")
     d.add_argument("--overwrite", action="store_true", help="download volumes already present again")
     d.set_defaults(func=_cli_download)
@@ -193,8 +193,8 @@ def add_scoring_commands(subparsers) -> None:
     j.add_argument("--judgments", required=True, nargs="+",
                    help="one verdict file per judge (upstream order: gemini2.5 gpt qwen)")
     j.add_argument("--align", choices=["published", "key"], default="key",
-                   help="join verdicts to predictions by row position as published, or by (question, answer, prediction)")
-    j.add_argument("--threshold", type=float, default=JURY_THRESHOLD, help="jury average that counts as correct")
+                   help="join verdicts to predictions by row position as published, or by (question, answer, prediction) (default: key)")
+    j.add_argument("--threshold", type=float, default=JURY_THRESHOLD, help="jury average that counts as correct (default: %(default)s)")
     j.add_argument("--min-match", dest="min_match", type=float, default=0.95,
                    help="--align key: the share of predictions that must find a verdict (default 0.95); fewer is an error")
     j.add_argument("--model", default=None, help="model name (default: from the predictions file name)")
@@ -207,7 +207,7 @@ def add_scoring_commands(subparsers) -> None:
     t.add_argument("--no-sbert", action="store_true", help="skip the SBERT cosine (the slow metric)")
     t.add_argument("--no-meteor", action="store_true", help="skip METEOR")
     t.add_argument("--sbert-model", default=None, help="sentence-transformers model folder (default: bundled all-MiniLM-L6-v2)")
-    t.add_argument("--batch-size", type=int, default=64, help="SBERT batch size")
+    t.add_argument("--batch-size", type=int, default=64, help="SBERT batch size (default: 64)")
     t.add_argument("--keep-case", action="store_true", help="do not lowercase (the published figures lowercase)")
     t.add_argument("--keep-empty", action="store_true", help="score empty predictions too (the published figures skip them)")
     t.set_defaults(func=_cli_text)
@@ -218,9 +218,11 @@ def add_scoring_commands(subparsers) -> None:
                    help="a spatialvqa.llm spec, repeatable: gemini:gemini-2.5-flash, openai:MODEL@URL, transformers:gemma-3-270m, replay:CACHE.jsonl")
     g.add_argument("--out", required=True, help="verdicts JSONL, one row per qid (resumed from OUT.partial)")
     g.add_argument("--cache", help="record/replay cache of the judges' replies (default OUT_STEM.llm_cache.jsonl beside OUT)")
-    g.add_argument("--cache-mode", dest="cache_mode", default="auto", choices=["auto", "record", "replay", "off"])
-    g.add_argument("--batch-size", dest="batch_size", type=int, default=16, help="prompts per judge call batch")
-    g.add_argument("--threshold", type=float, default=JURY_THRESHOLD, help="jury average that counts as correct")
+    g.add_argument("--cache-mode", dest="cache_mode", default="auto", choices=["auto", "record", "replay", "off"],
+                   help="auto: replies from the cache where it has them, the rest asked and recorded; record: always ask, and "
+                   "record; replay: only the cache, never ask; off: no cache (default: auto)")
+    g.add_argument("--batch-size", dest="batch_size", type=int, default=16, help="prompts per judge call batch (default: 16)")
+    g.add_argument("--threshold", type=float, default=JURY_THRESHOLD, help="jury average that counts as correct (default: %(default)s)")
     g.add_argument("--limit", type=int, help="only the first N predictions")
     g.add_argument("--agreement-with", dest="agreement_with", nargs="+",
                    help="published judge files of the same predictions: agreement and Cohen's kappa per published judge")
