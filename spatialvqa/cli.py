@@ -140,6 +140,7 @@ _STAGE_HELP = {  # subcommand -> help; each runs nbs/stages/<subcommand>.ipynb
 }
 STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a command's arguments
     "generate": dict(outputs={"out": "", "results": "", "figures": "figures"}, measured=("structures", "scans"),
+                     bounds={"tumour_share": (0, 1), "focus_share": (0, 1), "flip_share": (0, 1)},
                      defaults={"params_file": str(Path(importlib.import_module("spatialvqa").__file__).resolve().parents[1] / "params.yaml")},   # its measured margins
                      notes={"params_file": "params.yaml whose generate.margins (inter-reader margins) every key respects "
                                            "(default: the repository's, from any working directory)"}),
