@@ -203,6 +203,9 @@ def _cli_infer(a) -> int:
     try: s = infer(a.model, a.benchmark, a.out, entry, cache_dir=a.cache_dir, root=a.root, limit=a.limit,
                    overwrite=a.overwrite, mixed=a.mixed)
     except KeyboardInterrupt: return 130
+    except KeyError as e:                          # a model of params.yaml named without the file that holds it
+        if a.params or "unknown model adapter" not in str(e): raise
+        raise KeyError(f"{e.args[0]}; a model of params.yaml (infer.models) is read only with --params PATH") from None
     finally:
         if main: signal.signal(signal.SIGTERM, old)
     if not s.total:                                # an empty benchmark: nothing to answer is a failure, as in `validate`
@@ -221,11 +224,12 @@ def _cli_infer(a) -> int:
 def add_cli(subparsers) -> None:
     "Add `spatialvqa infer` to the command line."
     p = subparsers.add_parser("infer", help="run one model over a benchmark; resumable, one prediction per qid")
-    p.add_argument("--model", required=True, help="model name: an `infer.models` entry of params.yaml, or an adapter name")
+    p.add_argument("--model", required=True, help="model name: an adapter name, or an `infer.models` entry of the --params file")
     p.add_argument("--benchmark", required=True, help="benchmark JSONL")
     p.add_argument("--out", required=True, help="predictions JSONL (resumed if a partial run exists)")
     p.add_argument("--config", nargs="+", action="extend", help="YAML/JSON file, inline mapping or key=value items")
-    p.add_argument("--params", help="params.yaml to read the model's entry from (infer.models.MODEL)")
+    p.add_argument("--params", help="params.yaml to read the model's entry from (infer.models.MODEL; default: none, "
+                   "--model is then an adapter name)")
     p.add_argument("--adapter", help="adapter name (default: the model name)")
     p.add_argument("--representation", help="what the model is shown: none (blind), axial, coronal, sagittal, three_views, grid or "
                    "volume:<preset> (default: the adapter's own: none for blind baselines, its preset for a 3D model; "
