@@ -178,9 +178,13 @@ def _cli_judge(a) -> int:
 # %% ../../nbs/30_ctsvqa/08_commands.ipynb #0c7bcf0a
 def _cli_text(a) -> int:
     preds = _predictions(a.predictions, ("answer",))
+    if not any(r.get("prediction") for r in preds):      # an answer key alone: nothing to score, not a run of all zeros
+        raise ValueError(f"{a.predictions}: no row has a 'prediction' (the model's answer) to score")
     res = text_metrics([r.get("prediction") for r in preds], [r.get("answer") for r in preds], lower=not a.keep_case,
                        skip_empty=not a.keep_empty, sbert=not a.no_sbert, meteor=not a.no_meteor,
                        sbert_model=a.sbert_model, batch_size=a.batch_size)
+    if a.sbert_model and (why := res.get("missing", {}).get("sbert_cosine")):   # the model asked for by name: not optional
+        raise ValueError(f"--sbert-model {a.sbert_model}: {why}")
     write_json(dict(model=_model_of(a), **res), a.out)
     for k, why in res.get("missing", {}).items(): get_logger("cli").warning("%s: %s", k, why)
     return 0
