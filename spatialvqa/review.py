@@ -241,6 +241,7 @@ def _cli_reviews(a) -> int:
     rv = read_reviews(a.sheets, weights=a.weights)
     res = {"questions": int(len(rv.mean)), "rated": int(rv.mean.notna().sum()), "included": int(rv.included.sum()),
            "agreement": rv.agreement}
+    if not res["rated"]: raise ValueError(f"{', '.join(map(str, a.sheets))}: no question is rated yet (every score is blank); fill in the sheets first")
     if a.out:
         with atomic_write(a.out, newline="") as f: pd.concat([rv.mean, rv.included], axis=1).to_csv(f, index_label="qid")
     print(dumps(res, indent=2))

@@ -44,6 +44,7 @@ CASES = {
                  ("{d}/ok.jsonl --out {d}/v", ["ok.jsonl: the questions are about 0 scans", "at least 2 scans"])],
     "reviews": [("{d}/sheet.csv", ["sheet.csv", "no qid column"]),
                 ("{d}/missing.csv", ["missing.csv", "No such file"]),
+                ("{d}/blank.csv", ["blank.csv: no question is rated yet"]),
                 ("{d}/badscore.csv", ["badscore.csv", "rater_1_score of q1 is 'abc'", "0, 1 or 2"])],
     "export": [("{d}/list.jsonl --out {d}/e", ["list.jsonl:2", "not list"]),
                ("{d}/list.jsonl --out {d}/list.jsonl", ["list.jsonl", "is the input"])],
@@ -117,6 +118,7 @@ def broken(tmp_path_factory):
     (d / "emptydir").mkdir()
     (d / "link.jsonl").symlink_to(d / "preds.jsonl")
     (d / "badp.yaml").write_text("infer: [\n")
+    (d / "blank.csv").write_text("qid,rater_1_score,rater_2_score\nq1,,\n")
     (d / "foreign.jsonl").write_text('{"qid": "zz", "model": "m", "answer": "A"}\n')
     (d / "tsdir" / "s0001").mkdir(parents=True)
     (d / "tsdir" / "s0001" / "ct.nii.gz").write_text("a real patient's CT")
