@@ -251,6 +251,6 @@ def add_cli(subparsers) -> None:
     "Add the `reviews` subcommand to an argparse `subparsers` object."
     r = subparsers.add_parser("reviews", help="mean score, inclusion and inter-rater agreement from filled review sheets")
     r.add_argument("sheets", nargs="+", help="filled review_sheet CSV files")
-    r.add_argument("--weights", choices=["linear", "quadratic"], default=None, help="weighted Cohen's kappa (two raters)")
-    r.add_argument("--out", help="CSV of mean score and inclusion per qid")
+    r.add_argument("--weights", choices=["linear", "quadratic"], default=None, help="weighted Cohen's kappa (two raters; default: unweighted)")
+    r.add_argument("--out", help="CSV of mean score and inclusion per qid (default: none, only the summary printed)")
     r.set_defaults(func=_cli_reviews)
