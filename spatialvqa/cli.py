@@ -454,6 +454,8 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
 def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
     p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
+    from importlib.metadata import version
+    p.add_argument("--version", action="version", version=f"spatialvqa {version('spatialvqa')}")
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="measure every structure of a label map (RAS+ mm) to JSON, or every scan of a manifest")
     m.add_argument("labels", help="label map: NIfTI, NRRD or a DICOM series folder; or a convert manifest (scans.json): "
