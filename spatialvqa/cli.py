@@ -103,6 +103,7 @@ def _fetch(a) -> int:
     write_json(recs, Path(a.out) / "fetch_manifest.json")
     return 0
 
+# %% ../nbs/49_cli.ipynb #5d1f0c2a
 def _phantom_targets(out: Path, layout: str, n: int) -> list[Path]:
     "What `spatialvqa phantom` would write in `out`: the case folders and the phantoms' mark (cohort layout: its manifest)."
     from spatialvqa.convert.commands import PHANTOM_MARK
@@ -450,13 +451,9 @@ _PLUGINS: dict[str, dict[str, str]] = {  # module -> {subcommand: help}, as its 
     "spatialvqa.views.commands": {"views": "render what a model is given for one scan: 2D views, a slice grid or a 3D preset"},
 }
 
-# %% ../nbs/49_cli.ipynb #4043292c
-def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
-    "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
-    p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
-    from importlib.metadata import version
-    p.add_argument("--version", action="version", version=f"spatialvqa {version('spatialvqa')}")
-    sub = p.add_subparsers(dest="command", required=True)
+# %% ../nbs/49_cli.ipynb #7e2a9b10
+def _add_builtins(sub) -> None:
+    "Add the subcommands that are neither a stage nor a plugin's: `measure`, `fetch`, `phantom`, `check-params`."
     m = sub.add_parser("measure", help="measure every structure of a label map (RAS+ mm) to JSON, or every scan of a manifest")
     m.add_argument("labels", help="label map: NIfTI, NRRD or a DICOM series folder; or a convert manifest (scans.json): "
                    "every scan it lists, as the measure stage does")
@@ -488,6 +485,15 @@ def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
     k = sub.add_parser("check-params", help="refuse a params file that holds a secret (every DVC stage checks it: spatialvqa-stage)")
     k.add_argument("params", nargs="?", default="params.yaml", help="the parameters file (default: params.yaml)")
     k.set_defaults(func=_check_params)
+
+# %% ../nbs/49_cli.ipynb #4043292c
+def _parser(load: Callable[[str], bool]) -> argparse.ArgumentParser:
+    "The parser, with the subcommands of the `_PLUGINS` modules for which `load(module)` fully defined (others listed)."
+    p = argparse.ArgumentParser(prog="spatialvqa", description="Spatial VQA benchmarks for 3D CT.")
+    from importlib.metadata import version
+    p.add_argument("--version", action="version", version=f"spatialvqa {version('spatialvqa')}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_builtins(sub)
     for stage in STAGE_COMMANDS:         # the pipeline's steps, from their stage notebooks (read, not imported)
         try: add_stage_command(sub, stage)
         except FileNotFoundError as e: sub.add_parser(stage, help=_STAGE_HELP[stage]).set_defaults(func=_unavailable(e))

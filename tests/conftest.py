@@ -57,7 +57,8 @@ def shared_cohort(tmp_path_factory, n: int, seed: int, tumour_rate: float = 0.5)
     builds it and with any number of processes (tests/test_phantom.py checks that); the tests only read it."""
     from spatialvqa.phantom.cohort import make_cohort
     base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_cohorts"   # xdist: <session>/popen-gwN
+    # xdist: <session>/popen-gwN
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared_cohorts"
     root.mkdir(exist_ok=True)
     d = root / f"n{n}_seed{seed}_tumours{tumour_rate:g}"
     with open(f"{d}.lock", "w") as lock:

@@ -152,7 +152,8 @@ def test_agents_on_fake_server_then_replay(tmp_path, monkeypatch):
         n_requests = len(srv.requests)
     assert srv.requests[0]["headers"].get("Authorization") == f"Bearer {secret}"
     _check_run(run)
-    assert n_requests == 3 * 5 + 3      # annotator, validator, three specialists per question; specialists on the rephrasing
+    # annotator, validator, three specialists per question; specialists on the rephrasing
+    assert n_requests == 3 * 5 + 3
     # paraphrase consistency: specialist_1 answers the template spleen question (B) right, its rephrasing ("A") wrong
     assert run.summary["paraphrase_consistency"]["specialist_1"] == {"pairs": 1, "acc_template": 1.0, "acc_paraphrase": 0.0,
                                                                       "consistency": 0.0}
@@ -262,7 +263,8 @@ def test_filter_builds_specialists_from_params_config(tmp_path):
     assert {q: {a: e["pred"] for a, e in d.items()} for q, d in preds.items()} == {
         "s1-VOL-spleen": {"specialist_1": "B", "specialist_2": "D", "specialist_3": None},
         "s1-VOL-liver": {"specialist_1": "C", "specialist_2": "C", "specialist_3": "A"}}
-    for r in RECORDS[:2]:                                   # the filter's rule at_least_two is the paper's (agents.specialist_rule)
+    # the filter's rule at_least_two is the paper's (agents.specialist_rule)
+    for r in RECORDS[:2]:
         assert trivial(r, preds[r["qid"]], rule="at_least_two")[0] == A.specialist_rule(r, {a: e["pred"] for a, e in preds[r["qid"]].items()})[0]
     assert [trivial(r, preds[r["qid"]], rule="at_least_two")[0] for r in RECORDS[:2]] == [False, True]
     assert isinstance(make_answerers([], llm={"backend": "replay", "cache": str(tmp_path / "c.jsonl")})[0], LLMAnswerer)

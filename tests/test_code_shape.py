@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # first three are 0, issue 24's limits; crowded cells from 170 to 43, each now one class or function over 40 lines),
 # and lines over 120 characters in the package, tests, scripts and benchmarks (ruff's line length, held to a ceiling
 # rather than formatted: see scripts/code_shape.py)
-CEILINGS = {"modules": 0, "functions": 0, "cells": 0, "crowded": 43, "long_lines": 2317}
+CEILINGS = {"modules": 0, "functions": 0, "cells": 0, "crowded": 43, "long_lines": 2295}
 
 
 def _shape():
@@ -45,7 +45,8 @@ def test_the_figures_see_what_they_count(tmp_path):
     (pkg / "b.py").write_text("THING = 2\n_private = 2\nlog = None\ndef add_cli(sub): pass\nclass K:\n    def m(self): pass\n")
     (pkg / "_modidx.py").write_text("\n" * 900)
     cell = {"cell_type": "code", "id": "c1", "metadata": {}, "source": ["#| export\n"] + [f"y{i} = {i}\n" for i in range(61)]}
-    short = {"cell_type": "code", "id": "c2", "metadata": {}, "source": ["y = 1\n"] * 80}                  # not exported
+    # not exported
+    short = {"cell_type": "code", "id": "c2", "metadata": {}, "source": ["y = 1\n"] * 80}
     four = {"cell_type": "code", "id": "c3", "metadata": {}, "source": ["#| export\n"] + [f"def f{i}(): pass\n" for i in range(4)]}
     (tmp_path / "nbs" / "01_x.ipynb").write_text(json.dumps({"cells": [cell, short, four]}))
     f = cs.figures(tmp_path)

@@ -88,7 +88,8 @@ def totalseg(tmp_path):
     (root / "s0000" / "segmentations" / "._liver.nii.gz").write_bytes(b"\0\5\26\7")   # macOS junk
     (root / "._s0000").write_bytes(b"\0")
     (root / "s0002" / "segmentations" / "spleen.nii.gz").write_bytes(b"\x1f\x8b\x08 broken")      # corrupt
-    lab(root / "s0003" / "segmentations" / "spleen.nii.gz", [(1, np.s_[1:3, 1:3, 1:3])], shape=(16, 16, 9))  # wrong grid
+    # wrong grid
+    lab(root / "s0003" / "segmentations" / "spleen.nii.gz", [(1, np.s_[1:3, 1:3, 1:3])], shape=(16, 16, 9))
     (root / "meta.csv").write_text("image_id;age;gender;institute;study_type;split\n"
                                    "s0000;61;m;A;ct thorax;train\ns0001;70;f;B;ct abdomen;val\n"
                                    "s0002;55;m;A;ct;test\ns0003;50;f;A;ct;train\ns0999;40;m;C;ct;train\n")
@@ -481,7 +482,8 @@ def test_totalsegmentator_real_examples(tmp_path):
     assert rejected == [] and set(scans.source) == {"ts"}
     t = table.set_index(["scan_id", "name"])
     for sid in ("totalseg_s0001", "totalseg_dicom_example"):
-        assert t.loc[(sid, "liver"), "centroid_x"] > t.loc[(sid, "spleen"), "centroid_x"]   # liver at the patient's right
+        # liver at the patient's right
+        assert t.loc[(sid, "liver"), "centroid_x"] > t.loc[(sid, "spleen"), "centroid_x"]
     assert 800 < t.loc[("totalseg_s0001", "liver"), "volume_ml"] < 3000
     assert 50 < t.loc[("totalseg_s0001", "spleen"), "volume_ml"] < 600
     for k in ("kidney_left", "kidney_right"): assert 80 < t.loc[("totalseg_s0001", k), "volume_ml"] < 300

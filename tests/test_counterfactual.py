@@ -474,14 +474,16 @@ def test_generate_stage_pairs(tmp_path, written):
         assert x["source"] == copies[x["scan_id"]]["source"] and CF.scan_family(x) == copies[x["scan_id"]]["original"]
     twins = [x for x in recs if x["pair_of"]]
     share = np.mean([x["flipped"] for x in twins])
-    before = np.mean([p["flipped"] for p in written["pairs"]])                 # the same copies, focus on the target only
+    # the same copies, focus on the target only
+    before = np.mean([p["flipped"] for p in written["pairs"]])
     s = read_json(out["results"] / "summary.json")
     pairs = pd.read_csv(out["results"] / "pairs.csv")
     print(f"{len(originals)} originals, {len(twins)} twins, {share:.0%} flip (without flip_share: {before:.0%})")
     assert s["verified"] and s["twins"] == len(twins) and s["flipped_twins"] == int(pairs.flipped.sum()) == sum(x["flipped"] for x in twins)
     # 53% against 27% (1.94x; 2x or more before DIR.host and the edge gaps, which flip on mirrored copies unasked)
     assert share >= max(0.25, 1.75 * before)
-    assert "mirror" in {x["counterfactual"] for x in twins if x["flipped"]}   # resize: see test_resize_flips_in_the_pipeline
+    # resize: see test_resize_flips_in_the_pipeline
+    assert "mirror" in {x["counterfactual"] for x in twins if x["flipped"]}
 
 
 def test_resize_flips_in_the_pipeline():

@@ -92,7 +92,8 @@ def test_download_applies_metadata_through_hf_hub(tmp_path, hub):
     np.testing.assert_allclose(v1.affine, [[-0.7, 0, 0, 100], [0, -0.7, 0, 120], [0, 0, 2, -50], [0, 0, 0, 1]], atol=1e-5)
     np.testing.assert_allclose(v2.affine, [[0.5, 0, 0, -10], [0, 0.5, 0, -20], [0, 0, 1, 30], [0, 0, 0, 1]], atol=1e-5)
     again, _ = R_ctrate.download_ctrate(["valid_7_a_1.nii.gz"], tmp_path / "ct")
-    assert again[0]["status"] == "present" and len(hub) == 3                   # metadata + 2 volumes; nothing asked again
+    # metadata + 2 volumes; nothing asked again
+    assert again[0]["status"] == "present" and len(hub) == 3
 
 
 def test_download_fixed_copies_and_needs_a_token(tmp_path, hub, monkeypatch):
@@ -134,7 +135,8 @@ def test_rule_generator_is_deterministic_grounded_and_spatial(release):
     assert max(per.values()) <= 10
     for r in a:
         assert r["categories"] == R_categories.classify_categories(r["question"], r["answer"])
-        if r["template"] == "where": assert r["answer"][3:-1].lower() in r["evidence"].lower(), r   # the report's own span
+        # the report's own span
+        if r["template"] == "where": assert r["answer"][3:-1].lower() in r["evidence"].lower(), r
     assert np.mean([r["spatial"] for r in a]) > 0.95
     # no question is asked twice in a report with different answers
     seen = {}

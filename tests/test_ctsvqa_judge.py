@@ -182,7 +182,8 @@ def test_gemma_270m_judge_agreement_with_published_judges(tmp_path):
     tables = []
     for model in ("m3d", "med3dvlm", "radfm"):
         items = release_items(model, rel["root"])[:n]
-        s = judge_predictions(items, [judge], tmp_path / f"{model}.jsonl", batch_size=12, max_tokens=16)   # the verdict and a few words of reason: CPU time
+        # the verdict and a few words of reason: CPU time
+        s = judge_predictions(items, [judge], tmp_path / f"{model}.jsonl", batch_size=12, max_tokens=16)
         assert s.complete and s.total == n
         pub = {jn: published_verdicts(items, read_ctsvqa_judgments(p)) for jn, p in rel["judgments"][model].items()}
         ag = judge_agreement(read_jsonl(tmp_path / f"{model}.jsonl"), pub).assign(model=model, malformed=s.malformed)

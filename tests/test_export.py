@@ -106,7 +106,8 @@ def test_datasets_loads_views_as_images(kept, views, out, tmp_path):
     assert ds.num_rows == len(kept) and ds[0]["qid"] == kept[0]["qid"]
     num = next(i for i, r in enumerate(kept) if r["format"] == "numeric")
     assert ds[num]["options"] is None and ds[num]["answer_value"] == pytest.approx(kept[num]["answer_value"])
-    for i in range(ds.num_rows):                          # every question: >= 1 view, each a PIL image of the render size
+    # every question: >= 1 view, each a PIL image of the render size
+    for i in range(ds.num_rows):
         ims = ds[i]["views"]
         assert len(ims) == len(views[kept[i]["qid"]]) >= 1 and all(isinstance(im, Image.Image) and im.size == (64, 64) for im in ims)
     folder = _load(str(p["parquet"].parent), cache_dir=str(tmp_path / "f"))
@@ -158,7 +159,8 @@ def test_vlmevalkit(kept, views, out):
     mc = pd.read_csv(p["tsv"], sep="\t")
     num = pd.read_csv(p["tsv_numeric"], sep="\t")
     assert [c for c in mc.columns if c in VLMEVAL_MCQ] == VLMEVAL_MCQ and {"category", "l2-category", "qid"} <= set(mc.columns)
-    assert "image_path" not in mc.columns and "image_path" not in num.columns       # VLMEvalKit would look for these files
+    # VLMEvalKit would look for these files
+    assert "image_path" not in mc.columns and "image_path" not in num.columns
     assert list(num.columns)[:4] == ["index", "question", "answer", "category"] and "image" in num.columns
     assert "A" not in num.columns                                                    # loaded as a custom VQA dataset
     idx = [*mc["index"], *num["index"]]
@@ -219,7 +221,8 @@ def test_lmms_eval_task_from_a_foreign_directory(kept, views, out, tmp_path, mon
     cfg, U = _task(p)
     assert cfg["task"] == E.LMMS_TASK and cfg["dataset_path"] == "parquet" and cfg["test_split"] == "test"
     assert cfg["output_type"] == "generate_until" and callable(cfg["process_results"])
-    assert cfg["dataset_kwargs"]["data_files"]["test"] == f"../../{E.NAME}.parquet"          # relative to the task folder
+    # relative to the task folder
+    assert cfg["dataset_kwargs"]["data_files"]["test"] == f"../../{E.NAME}.parquet"
     names = [m["metric"] for m in cfg["metric_list"]]
     assert names[:3] == ["score", "mc_accuracy", "numeric_mra"] and "VOLEST_score" in names
     docs = _lmms_docs(cfg, p["lmms_yaml"], str(tmp_path / "hf"))

@@ -66,7 +66,8 @@ def test_input_inside_output_folder_is_not_replaced(tmp_path, capsys):
     d = tmp_path / "exp"
     b = _bench(d / "bench.jsonl")
     before = b.read_bytes()
-    rc, err = run(capsys, "export", b, "--out", d, "--name", "bench")         # would write exp/bench.jsonl over its input
+    # would write exp/bench.jsonl over its input
+    rc, err = run(capsys, "export", b, "--out", d, "--name", "bench")
     assert rc == 2 and "is the input" in err and "bench.jsonl" in err
     assert b.read_bytes() == before
 
@@ -155,8 +156,10 @@ def test_infer_lock_file_is_never_removed_while_held(tmp_path):
         assert lock.exists()
         ino = os.fstat(held.f.fileno()).st_ino
     run_inference(make_adapter("random"), read_jsonl(b), out)
-    assert lock.exists() and os.stat(lock).st_ino == ino                       # the same file: never deleted and re-made
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.jsonl", "p.jsonl", "p.jsonl.times.jsonl"]   # outputs, clocks
+    # the same file: never deleted and re-made
+    assert lock.exists() and os.stat(lock).st_ino == ino
+    # outputs, clocks
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.jsonl", "p.jsonl", "p.jsonl.times.jsonl"]
 
 
 # --- secrets ---------------------------------------------------------------------------------------------------------
@@ -200,7 +203,8 @@ def test_echoing_server_key_never_reaches_predictions(tmp_path, capsys, monkeypa
                       "--out", out, "--max-retries", "0",
                       "--config", "model=m", f"base_url={srv.url}", "api_key_env=HARDENING_API_KEY", "max_attempts=1", "workers=1")
     assert KEY not in err and KEY[:12] not in err
-    if mode != "completion":                      # every answer an error: status 2 quoting the first, masked; no file (issue 23)
+    # every answer an error: status 2 quoting the first, masked; no file (issue 23)
+    if mode != "completion":
         assert rc == 2 and "all 3 answers of echo are errors" in err and "Bearer ***" in err, err
         assert not out.exists()
         return
@@ -394,7 +398,8 @@ def test_score_bad_benchmark_record_names_the_qid(bad, why):
     recs[i] = dict(recs[i], **bad)
     preds = [{"qid": r["qid"], "raw": "A", "error": None} for r in recs]
     with pytest.raises(ValueError, match=f"b.jsonl: qid {recs[i]['qid']}: {why}"): score_predictions(recs, preds, "m", source="b.jsonl")
-    with pytest.raises(ValueError, match=f"benchmark record {recs[i]['qid']}"): score_predictions(recs, [], "m")   # unanswered too
+    # unanswered too
+    with pytest.raises(ValueError, match=f"benchmark record {recs[i]['qid']}"): score_predictions(recs, [], "m")
 
 
 def test_score_stage_names_the_benchmark_file():
@@ -412,7 +417,8 @@ def test_score_stage_names_the_benchmark_file():
 # --- every fault: status 2 and a sentence ----------------------------------------------------------------------------
 
 def test_permission_error_on_out_is_status_2(tmp_path, capsys):
-    if os.geteuid() == 0:                                      # root ignores permissions: a read-only bind is not available
+    # root ignores permissions: a read-only bind is not available
+    if os.geteuid() == 0:
         ro = Path("/proc/version")                             # a file nobody may replace
         b = _bench(tmp_path / "b.jsonl")
         rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", ro)
@@ -427,9 +433,11 @@ def test_permission_error_on_out_is_status_2(tmp_path, capsys):
 def test_is_a_directory_and_file_exists_on_out_are_status_2(tmp_path, capsys):
     b = _bench(tmp_path / "b.jsonl")
     (tmp_path / "f").write_text("x")
-    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "f" / "p.jsonl")   # a file on the path
+    # a file on the path
+    rc, err = run(capsys, "infer", "--model", "random", "--benchmark", b, "--out", tmp_path / "f" / "p.jsonl")
     assert rc == 2 and "a folder on its path is a file" in err
-    rc, err = run(capsys, "phantom", "--out", tmp_path / "f", "-n", "1")                                          # a file where a folder goes
+    # a file where a folder goes
+    rc, err = run(capsys, "phantom", "--out", tmp_path / "f", "-n", "1")
     assert rc == 2 and "must be a folder" in err
 
 
@@ -469,7 +477,9 @@ def test_file_exists_error_under_out_is_status_2(tmp_path, capsys):
     (tmp_path / "ph").mkdir()
     (tmp_path / "ph" / "phantom_000").write_text("a file where a subject folder goes")
     rc, err = run(capsys, "phantom", "--out", tmp_path / "ph", "-n", "1", "--workers", "0")
-    assert rc == 2 and "phantom_000: FileExistsError" in err and "ph" in err
+    # refused before anything is generated (it was a FileExistsError midway): the file is left as it was
+    assert rc == 2 and "ph: already holds phantom_000" in err and "Nothing written" in err
+    assert (tmp_path / "ph" / "phantom_000").read_text() == "a file where a subject folder goes"
 
 
 # === issue 23: what a new user trips over ===========================================================================
@@ -723,7 +733,8 @@ def test_i23_report_qa_names_the_file_and_the_field(tmp_path):
     (tmp_path / "r.jsonl").write_text('{"volume": "v1", "findings": 3}\n')
     refused(cli("report-qa", "--reports", tmp_path / "r.jsonl", "--out", tmp_path / "q.jsonl"), "report-qa",
             "r.jsonl: report 1: the field 'findings' is int, not text")
-    assert not (tmp_path / "q.jsonl").exists() and sorted(tree(tmp_path)) == sorted(before)    # r.jsonl rewritten, nothing added
+    # r.jsonl rewritten, nothing added
+    assert not (tmp_path / "q.jsonl").exists() and sorted(tree(tmp_path)) == sorted(before)
 
 
 def test_i23_scaled_label_map_and_nonfinite_ct_are_refused(tmp_path):
@@ -763,15 +774,18 @@ def test_i23_walkthrough_runs_from_a_folder_outside_the_repository(tmp_path):
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("Your own data, without DVC")], cwd=tmp_path,
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_ts", "work"]            # nothing beside what the block names
+    # nothing beside what the block names
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_ts", "work"]
     t2 = (tmp_path / "work" / "tables" / "table2.md").read_text()
     oracle = next(l for l in t2.splitlines() if l.startswith("| Oracle"))
-    cells = [c.strip() for c in oracle.strip("|").split("|")][4:]              # the scores: every one the oracle has is 100
+    # the scores: every one the oracle has is 100
+    cells = [c.strip() for c in oracle.strip("|").split("|")][4:]
     # MCA AVG, DIR, DIST, Volume MRA (measured at ea524ab: 32 kept, none of EXT, VOL or COMP from 4 phantoms and two
     # filter answerers)
     assert all(c in ("100.0 [100.0, 100.0]", "-") for c in cells) and cells.count("100.0 [100.0, 100.0]") >= 4, cells
     assert "| Random" in t2
-    assert "| TotalSegmentator | 4 scans;" in (tmp_path / "work" / "export" / "LICENSE.md").read_text()
+    # phantoms in TotalSegmentator's layout keep their own source and licence (never TotalSegmentator's CC BY 4.0)
+    assert "| phantom | 4 scans; Apache-2.0 (generated by spatialvqa) |" in (tmp_path / "work" / "export" / "LICENSE.md").read_text()
     # the files name their scans relative to themselves: the work folder moved elsewhere still answers
     moved = tmp_path / "elsewhere"; moved.mkdir()
     (tmp_path / "work").rename(moved / "work"); (tmp_path / "my_ts").rename(moved / "my_ts")
@@ -794,7 +808,8 @@ def test_i23_stage_commands_show_the_pipelines_defaults():
             if name == STAGE_COMMANDS[stage].get("positional"): continue       # an input the command requires
             if name in ours and ours[name][0] != value and not (isinstance(value, (int, float)) and ours[name][0] == value):
                 differ.append(f"{stage}.{name}")
-    assert differ == ["generate.per_source"], differ            # the pipeline's own sources' budgets: no default for other data
+    # the pipeline's own sources' budgets: no default for other data
+    assert differ == ["generate.per_source"], differ
     h = cli("validate", "--help", env={"COLUMNS": "500"})[1]
     for want in ("(default: chance)", "(default: 8)", "(default: prior,text,atlas,atlas_2fold,atlas_subject,atlas_3subjects,textbook,name_cue)",
                  "(default: 0.015)", "--out"):

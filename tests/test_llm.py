@@ -319,7 +319,8 @@ def test_transformers_tiny_model_end_to_end(tiny):
     assert llm.loaded and len(out) == 5 and all(isinstance(t, str) for t in out)
     assert llm.generate(prompts, max_tokens=6, system="Be brief.") == out             # greedy: deterministic
     one = Transformers(tiny, batch_size=1)
-    assert [one.generate([p], max_tokens=6, system="Be brief.")[0] for p in prompts] == out  # left padding changes nothing
+    # left padding changes nothing
+    assert [one.generate([p], max_tokens=6, system="Be brief.")[0] for p in prompts] == out
     tok = llm.tokenizer()
     assert llm.generate(["a"], max_tokens=1)[0] in {tok.decode([i], skip_special_tokens=True) for i in range(len(tok))}
     assert llm.render(prompts[3], system="S") == "<|system|>S\n<|user|>a\n<|assistant|>b\n<|user|>c\n<|assistant|>"

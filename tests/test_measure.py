@@ -333,7 +333,8 @@ def test_directions_in_lps_stored_file(tmp_path, ext):
     want = {2: "right", 3: "left", 4: "anterior", 5: "posterior", 6: "superior", 7: "inferior"}
     assert {l: direction(s[l], s[1], ratio=2.0) for l in want} == want
     assert {l: direction(s[l], s[1], by="bbox_center") for l in want} == want
-    assert direction(s[2], s[4]) is None and direction(s[2], s[4], ratio=0.5) in ("right", "anterior")  # diagonal: a tie
+    # diagonal: a tie
+    assert direction(s[2], s[4]) is None and direction(s[2], s[4], ratio=0.5) in ("right", "anterior")
 
 
 def test_pairs_table():

@@ -86,7 +86,8 @@ def test_blind_baselines_cross_fit(bench, name):
     b = make_adapter(name, {"seed": 0}); b.prepare(bench)
     assert b.predict([ModelInput(r, "") for r in bench]) == raw        # deterministic
     acc = sum(_correct(r, x) for r, x in zip(bench, raw) if r["format"] == "mc") / sum(r["format"] == "mc" for r in bench)
-    assert acc < 0.9                                                      # far from the oracle: it never saw its own answers
+    # far from the oracle: it never saw its own answers
+    assert acc < 0.9
     with pytest.raises(PredictionError): make_adapter(name).predict([ModelInput(MC, "")])
 
 
@@ -141,7 +142,8 @@ def test_replay_own_predictions_by_qid(tmp_path):
     s = run_inference(a, recs, tmp_path / "out.jsonl", retry_wait=0)
     rows = {r["qid"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
     assert (rows["q0"]["raw"], rows["q2"]["raw"]) == ("A", "C")
-    assert rows["q1"]["raw"] is None and "no prediction" in rows["q1"]["error"] and rows["q1"]["attempts"] == 2   # its batch, then alone; never retried
+    # its batch, then alone; never retried
+    assert rows["q1"]["raw"] is None and "no prediction" in rows["q1"]["error"] and rows["q1"]["attempts"] == 2
     assert s.errors == 2 and len(rows) == 4
 
 

@@ -54,7 +54,8 @@ def test_left_structures_lie_left_in_world_space(asked):
     for sid, sub in table.set_index("name").groupby("scan_id"):
         for left, right in (("parotid_gland_left", "parotid_gland_right"),):
             if left in sub.index and right in sub.index:
-                assert sub.loc[right, "centroid_x"] > sub.loc[left, "centroid_x"] + 40, sid   # parotids lie ~10 cm apart
+                # parotids lie ~10 cm apart
+                assert sub.loc[right, "centroid_x"] > sub.loc[left, "centroid_x"] + 40, sid
                 pairs += 1
     assert pairs >= 5
 

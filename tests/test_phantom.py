@@ -151,7 +151,8 @@ def test_fissures_show_where_lobes_meet(subj):
     interior = ndimage.binary_erosion(lobes, iterations=2) & ~ndimage.binary_dilation(face, iterations=2)
     assert face.sum() > 1000 and interior.sum() > face.sum()
     assert np.median(img[face]) >= np.median(img[interior]) + 300           # about 500 HU above lung (0 before)
-    a = make_subject("x", seed=3, spacing=COARSE)                            # the labels are those drawn before fissures
+    # the labels are those drawn before fissures
+    a = make_subject("x", seed=3, spacing=COARSE)
     assert hashlib.sha256(a.labels.array.tobytes()).hexdigest()[:16] == "134abfe2e23b664b"  # version 4 (perirenal fat)
 
 
@@ -248,7 +249,8 @@ def test_variation_is_large_and_realistic(variant_subjects):
                              ("pancreas", 10, 0.2), ("gallbladder", 15, 0.25), ("heart", 12, 0.1)):
         assert v.loc[name, "spread_mm"] > spread and v.loc[name, "volume_cv"] > cv, (name, v.loc[name].to_dict())
     vols = {n: [t["structures"][n]["volume_ml"] for t in truths if n in t["structures"]] for n in ("liver", "spleen", "kidney_left", "pancreas")}
-    for n, xs in vols.items():                      # the cohort's median is a normal adult, its spread reaches pathology
+    # the cohort's median is a normal adult, its spread reaches pathology
+    for n, xs in vols.items():
         lo, hi = reference_range(n, "normal")
         assert lo < np.median(xs) < hi, (n, np.median(xs))
         plo, phi = reference_range(n)
@@ -264,7 +266,8 @@ def test_atlas_is_often_wrong_where_anatomy_varies(variant_subjects):
     "A leave-one-subject-out atlas of median positions and volumes no longer knows every relation."
     s = atlas_summary(atlas_agreement([x.truth for x in variant_subjects]))
     assert s["all"]["accuracy"] < 0.985 and s["right"]["accuracy"] < 0.97, s
-    assert s["all"]["contested"] >= 40, s          # pairs of structures whose relation the atlas gets wrong in >= 20 % of subjects
+    # pairs of structures whose relation the atlas gets wrong in >= 20 % of subjects
+    assert s["all"]["contested"] >= 40, s
     # situs inversus subjects are the ones where left/right relations of the viscera flip
     ag = atlas_agreement([x.truth for x in variant_subjects])
     si = {x.subject_id for x in variant_subjects if "situs_inversus" in x.truth["variants"]}
@@ -314,7 +317,8 @@ def test_situs_inversus_is_a_mirror_image():
     for n in ("liver", "spleen", "stomach", "heart", "pancreas", "gallbladder", "inferior_vena_cava", "aorta", "duodenum"):
         assert abs((B[n][0] - mid) + (A[n][0] - mid)) < 6, n                          # x mirrored
         assert np.allclose(B[n][1:], A[n][1:], atol=6), n                             # y, z kept
-        assert abs(b.truth["structures"][n]["volume_ml"] / a.truth["structures"][n]["volume_ml"] - 1) < 0.12, n   # same shape, other voxels
+        # same shape, other voxels
+        assert abs(b.truth["structures"][n]["volume_ml"] / a.truth["structures"][n]["volume_ml"] - 1) < 0.12, n
     # paired names follow the patient's sides: the mirrored right kidney (the one under the liver, lower) is now the
     # left one, at the same height; its own size and lateral shift are the anatomical left kidney's
     assert B["kidney_left"][0] < mid < B["kidney_right"][0]
@@ -372,7 +376,8 @@ def test_report_agrees_with_truth():
         for t in s.truth["tumours"]:
             assert t["location"] in rep and f"{t['diameter_mm']:.0f} mm" in rep
             if t["kind"] in ("kidney", "lung"):
-                side = "right" if t["centroid_mm"][0] > s.truth["patient_offset_mm"][0] else "left"   # patient's right is +x in RAS
+                # patient's right is +x in RAS
+                side = "right" if t["centroid_mm"][0] > s.truth["patient_offset_mm"][0] else "left"
                 assert t["side"] == side and re.search(rf"\b{side}\b", t["location"])
                 seen.add((t["kind"], side))
             if t["kind"] == "lung":

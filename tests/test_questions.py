@@ -135,7 +135,8 @@ def test_numeric_answers_from_raw_voxels(cohort):
             d = m.centre(lab(r, sp["a"])) - m.centre(lab(r, sp["b"]))
             want = float(np.linalg.norm(d if "axes" not in sp else d[sp["axes"]]))
         elif sub == "EXT.value": want = float(m.extent(lab(r, sp["a"]))[sp["axis"]])
-        elif sub == "DIR.extreme":                                    # the correct option is the farthest along the axis
+        # the correct option is the farthest along the axis
+        elif sub == "DIR.extreme":
             ax, sg = DIRECTIONS[sp["direction"]]
             pos = [sg * m.centroid(lab(r, o))[ax] for o in sp["options"]]
             assert int(np.argmax(pos)) == "ABCD".index(r["answer_letter"]), r["qid"]
@@ -164,7 +165,8 @@ def test_clinical_pairings(cohort):
         if rule == "kidney": assert names == {"kidney_left", "kidney_right"}, r["qid"]
     trivia = [s for s, rule in CLINICAL.items() if rule is None]
     assert {"DIR.extreme", "COMP.than", "VOL.difference"} <= set(trivia)
-    assert any(r["subtask"] in trivia for r in cohort["recs"])             # every pairing asks them; the clinical rules never
+    # every pairing asks them; the clinical rules never
+    assert any(r["subtask"] in trivia for r in cohort["recs"])
 
 
 def test_meaningful_sizes(cohort):
@@ -324,7 +326,8 @@ def test_pipeline_benchmark_summary():
     # originals, 5.7% with the twins (EXT's ladders keep A and D at 30.5%: few of them can take another letter)
     assert s["letter_share_max_deviation"] <= 0.06
     assert s["letter_share_max_deviation_with_twins"] <= 0.06
-    assert s["verified"] is True          # the generate stage re-derived every answer from the label maps (verify: true)
+    # the generate stage re-derived every answer from the label maps (verify: true)
+    assert s["verified"] is True
 
 
 @pytest.mark.slow
@@ -334,7 +337,8 @@ def test_pipeline_benchmark():
     recs = read_jsonl(BENCH, strict=True)
     assert {r["task"] for r in recs} == set(TASKS)
     originals = [r for r in recs if r["pair_of"] is None]
-    assert 0 < len(originals) < len(recs)                  # the twins on the counterfactual copies follow their originals
+    # the twins on the counterfactual copies follow their originals
+    assert 0 < len(originals) < len(recs)
     bal = letter_balance(originals)
     assert ((bal[list(LETTERS)] - 0.25).abs() <= 0.03).all().all()
     cache = {}

@@ -195,5 +195,6 @@ def test_seed_draws_equal_runs_through_infer(phantom_benchmark, tmp_path):
     pd.testing.assert_frame_equal(new, seed_draws_by_infer(bench, picked, n=3))
     assert list(new["model"].unique()) == names and sorted(new["draw"].unique()) == [0, 1, 2]
     pd.testing.assert_frame_equal(seed_draws(bench, {m: picked[m] for m in ("random", "prior")}, n=3, workers=2),
-                                  new[new["model"].isin(["random", "prior"])].reset_index(drop=True))   # processes change nothing
+                                  # processes change nothing
+                                  new[new["model"].isin(["random", "prior"])].reset_index(drop=True))
     assert new.groupby("model")["value"].apply(lambda v: v.nunique() > 1).all()     # real answers, not all one value

@@ -32,7 +32,8 @@ def _quiet(monkeypatch):
 def reference_masks(series: Path, rs: Path, grid: Volume) -> dict[str, np.ndarray]:
     """dcmrtstruct2nii's mask of every ROI, moved onto `grid` (our reader's) after checking that SimpleITK's grid is
     the same one, stored in another order at most."""
-    if not hasattr(pydicom, "read_file"): pydicom.read_file = pydicom.dcmread   # removed in pydicom 3; dcmrtstruct2nii 5 calls it
+    # removed in pydicom 3; dcmrtstruct2nii 5 calls it
+    if not hasattr(pydicom, "read_file"): pydicom.read_file = pydicom.dcmread
     import SimpleITK as sitk
     from dcmrtstruct2nii.adapters.convert.rtstructcontour2mask import DcmPatientCoords2Mask
     from dcmrtstruct2nii.adapters.input.contours.rtstructinputadapter import RtStructInputAdapter
@@ -135,7 +136,8 @@ def test_an_oblique_series_is_read_in_its_own_index_space(tmp_path):
     rs = write_rtstruct(tmp_path / "image", {"box": [square(k, 2.5, 6.5, tilted) for k in (1, 2)]}, tmp_path / "rs.dcm")
     s = read_rtstruct(tmp_path / "image", rs)
     assert s.rois[0].voxels == 32 and np.allclose(s.image.affine, aff, atol=1e-4)
-    axial = write_rtstruct(tmp_path / "image", {"box": [square(2, 2.5, 6.5)]}, tmp_path / "axial.dcm")   # not in its slices
+    # not in its slices
+    axial = write_rtstruct(tmp_path / "image", {"box": [square(2, 2.5, 6.5)]}, tmp_path / "axial.dcm")
     with pytest.raises(rtstruct.ScanError, match="not parallel to the slices"):
         read_rtstruct(tmp_path / "image", axial)
 
@@ -158,7 +160,8 @@ def test_cli_converts_lung1_001(lung1, tmp_path):
     assert rec["rois"] == {"GTV-1": "lung_tumor", "Spinal-Cord": "spinal_cord", "Lung-Left": "lung_left", "Lung-Right": "lung_right"}
     scan = read_scan(rec["labels"], rec["image"])                   # on the CT's grid, voxel for voxel
     counts = np.bincount(scan.labels.array.ravel(), minlength=231)
-    assert counts[230] == s.rois[0].voxels and counts[79] == s.rois[1].voxels          # the smaller ones kept every voxel
+    # the smaller ones kept every voxel
+    assert counts[230] == s.rois[0].voxels and counts[79] == s.rois[1].voxels
     assert counts[138] + counts[139] + rec.get("overlap_voxels", 0) == s.rois[2].voxels + s.rois[3].voxels
 
 

@@ -59,7 +59,8 @@ def _wait_for(path, n, proc, timeout=60):
 
 def _check_resumed(bench, out, calls, finished_before):
     rows = read_jsonl(out)
-    assert Counter(r["qid"] for r in rows) == Counter(r["qid"] for r in read_jsonl(bench))       # every qid exactly once
+    # every qid exactly once
+    assert Counter(r["qid"] for r in rows) == Counter(r["qid"] for r in read_jsonl(bench))
     assert all(r["error"] is None and r["raw"] for r in rows)
     assert not partial_path(out).exists() and not out.with_name(out.name + ".partial.lock").exists()
     log = read_jsonl(calls)
@@ -115,12 +116,14 @@ def test_lost_server_records_errors_then_rerun_completes(tmp_path, bench):
             return ModelInput(record, prompt)
         a = make_adapter("openai", {**cfg, "base_url": srv.base_url})
         s = run_inference(a, recs, out, inputs, batch_size=4, max_retries=1, retry_wait=0.01)
-        srv.__enter__()                                          # (restarted only so that the context manager can close it)
+        # (restarted only so that the context manager can close it)
+        srv.__enter__()
     rows = read_jsonl(out)
     assert len(rows) == N and s.errors == N - 12 and s.complete      # complete: every qid has a row, some with errors
     assert all("cannot connect" in r["error"] or "connection" in r["error"].lower() for r in rows if r["error"])
     assert all(r["attempts"] >= 2 for r in rows if r["error"])
-    with FakeOpenAIServer(reply=lambda body: "B") as srv2:       # back, on another port: same keys (base_url is runtime)
+    # back, on another port: same keys (base_url is runtime)
+    with FakeOpenAIServer(reply=lambda body: "B") as srv2:
         a2 = make_adapter("openai", {**cfg, "base_url": srv2.base_url})
         s2 = run_inference(a2, recs, out, batch_size=4)
     assert (s2.skipped, s2.answered, s2.errors) == (12, N - 12, 0)
@@ -177,7 +180,8 @@ def test_circular_run_answers_rotations_and_resumes(tmp_path):
     write_jsonl([dict(r, answer_letter="A", answer="A") if r["format"] == "mc" else r for r in _records()], bench)
     plain = infer("random", bench, out, {})
     assert plain.total == N
-    s = infer("random", bench, out, {"circular": True})                    # switched on later: only the rotations are asked
+    # switched on later: only the rotations are asked
+    s = infer("random", bench, out, {"circular": True})
     assert (s.total, s.skipped, s.answered) == (N + 3 * (N - 10), N, 3 * (N - 10))
     rows = {r["qid"]: r for r in read_jsonl(out)}
     assert {f"mc00#rot{k}" for k in (1, 2, 3)} <= set(rows) and "num00#rot1" not in rows

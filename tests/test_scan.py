@@ -321,7 +321,8 @@ def test_write_read_roundtrip(tmp_path, ext, affine):
     for arr in (ct(), labels(), np.random.default_rng(0).normal(size=(3, 4, 5)).astype(np.float32)):
         back = read_volume(write_volume(Volume(arr, affine), tmp_path / f"v{ext}"))
         assert np.array_equal(back.array, arr) and back.array.dtype == arr.dtype
-        if ext.startswith(".nii"):   # NIfTI-1 (what every tool reads, issue 23): a float32 affine, rounded by <= 6e-8 of its size
+        # NIfTI-1 (what every tool reads, issue 23): a float32 affine, rounded by <= 6e-8 of its size
+        if ext.startswith(".nii"):
             assert np.abs(back.affine - affine).max() <= 6e-8 * np.abs(affine).max()
             assert np.array_equal(back.affine, affine) == np.array_equal(affine.astype(np.float32), affine)
         else: assert np.array_equal(back.affine, affine)  # exactly, not approximately

@@ -258,7 +258,8 @@ def test_filter_sees_the_letters_that_ship(bench):
         for name in names:
             assert abs(np.mean([right[r["qid"]][name] for r in rs]) - accs[name]) <= 1e-4, (task, name, accs[name])
             checked += 1
-    assert checked >= 3 * len(names) and len(s["blind"]["expected_after_by_task"]) >= 3   # every multiple-choice task kept
+    # every multiple-choice task kept
+    assert checked >= 3 * len(names) and len(s["blind"]["expected_after_by_task"]) >= 3
 
 
 def test_real_share_and_tasks(bench):

@@ -262,7 +262,8 @@ def test_views_are_radiological(files, stored):
     assert _centre(v["coronal"].labels, "heart")[1] < _centre(v["coronal"].labels, "liver")[1]   # head up
     sag = render_views(paths, ["sternum", "spinal_cord"], size=192)
     assert _centre(sag["axial"].labels, "sternum")[1] < _centre(sag["axial"].labels, "spinal_cord")[1]   # anterior up
-    assert _centre(sag["sagittal"].labels, "sternum")[0] < _centre(sag["sagittal"].labels, "spinal_cord")[0]  # anterior left
+    # anterior left
+    assert _centre(sag["sagittal"].labels, "sternum")[0] < _centre(sag["sagittal"].labels, "spinal_cord")[0]
     # the outlines drawn on the image agree: orange (liver) pixels left of bluish-green (spleen) ones
     img = v["axial"].image
     cols = {c: np.argwhere((img == np.array(OKABE_ITO_RGB[k], np.uint8)).all(-1))[:, 1].mean() for k, c in [(0, "liver"), (1, "spleen")]}

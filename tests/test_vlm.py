@@ -66,7 +66,8 @@ def test_llava_single_image_anyres(inputs):
     single = [dataclasses.replace(i, images=i.images[:1]) for i in inputs]
     n = int((a.encode(single[:1])["input_ids"] == model.config.image_token_id).sum())
     assert n == vlm.onevision_tokens((60, 70), 32, 8, ip.image_grid_pinpoints, 1) and n > 16 + 1
-    assert len(a.predict(single)) == 2                                   # the model checks the count against its features
+    # the model checks the count against its features
+    assert len(a.predict(single)) == 2
 
 
 def test_placeholder_mismatch_is_an_error():
