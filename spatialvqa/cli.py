@@ -131,6 +131,43 @@ def _check_params(a) -> int:
     get_logger("cli").info("%s: %d sections, no secret-looking option", a.params, len(params))
     return 0
 
+# %% ../nbs/49_cli.ipynb #b1d9e0a2
+_STAGE_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")   # questions.core.TASKS (not imported: it loads pandas)
+
+def _budget_text(text: str) -> str:
+    "A budget `TASK:n,...` (argparse type: the text, or why it is not one)."
+    for kv in (x.strip() for x in str(text).split(",")):
+        if not kv: continue
+        k, sep, v = kv.replace("=", ":").partition(":")
+        if not sep or not v.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{kv!r} is not TASK:n with n a whole number of questions (e.g. DIR:6)")
+        if k.strip() not in _STAGE_TASKS:
+            raise argparse.ArgumentTypeError(f"{k.strip()!r} is not a task; the tasks are {', '.join(_STAGE_TASKS)}")
+    return text
+_budget_text.__name__ = "budget"
+
+def _per_source_text(text: str) -> str:
+    "Budgets per source, `source=TASK:n,...;source2=...` (argparse type)."
+    for part in (x.strip() for x in str(text).split(";")):
+        if not part: continue
+        src, sep, budget = part.partition("=")
+        if not sep or not src.strip():
+            raise argparse.ArgumentTypeError(f"{part!r} is not source=TASK:n,... (e.g. openkbp=DIR:6,VOL:12)")
+        _budget_text(budget)
+    return text
+_per_source_text.__name__ = "per-source budget"
+
+def _json_object_text(text: str) -> str:
+    "A JSON object, or nothing (argparse type)."
+    import json
+    if not str(text).strip(): return text
+    try: v = json.loads(text)
+    except json.JSONDecodeError as e: raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}, column {e.colno})") from None
+    if not isinstance(v, dict): raise argparse.ArgumentTypeError(f"a JSON object ({{...}}) is needed, not {type(v).__name__}")
+    return text
+_json_object_text.__name__ = "JSON object"
+
+
 # %% ../nbs/49_cli.ipynb #a350db87
 _STAGE_HELP = {  # subcommand -> help; each runs nbs/stages/<subcommand>.ipynb
     "generate": "Track A questions and their counterfactual twins from measured structures (the generate stage)",
@@ -142,6 +179,7 @@ _STAGE_HELP = {  # subcommand -> help; each runs nbs/stages/<subcommand>.ipynb
 STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a command's arguments
     "generate": dict(outputs={"out": "", "results": "", "figures": "figures"}, measured=("structures", "scans"),
                      bounds={"tumour_share": (0, 1), "focus_share": (0, 1), "flip_share": (0, 1)},
+                     checks={"per_scan": _budget_text, "per_source": _per_source_text},
                      defaults={"params_file": str(Path(importlib.import_module("spatialvqa").__file__).resolve().parents[1] / "params.yaml")},   # its measured margins
                      notes={"params_file": "params.yaml whose generate.margins (inter-reader margins) every key respects "
                                            "(default: the repository's, from any working directory)"}),
@@ -152,6 +190,7 @@ STAGE_COMMANDS: dict[str, dict] = {   # how each stage's parameters become a com
                    bounds={"size": (16, 4096), "grid_size": (16, 8192), "grid_n": (1, 256), "margin_mm": (0, 1000), "workers": (0, 256)}),
     "score": dict(outputs={"out": ""}, hidden=("predictions", "models", "params_file"), benchmark="benchmark"),
     "tables": dict(outputs={"out": ""}, defaults={"draws": "", "filter_report": ""}, bounds={"n_boot": (1, None)},
+                   checks={"info": _json_object_text, "blind_pairs": _json_object_text},
                    notes={"scores": "the score command's scores.parquet, or its --out folder (then its circular.parquet too)",
                           "draws": "the draws stage's runs of the seeded baselines",
                           "filter_report": "the validate command's filter_report.json: Table 2 marks the tasks it "
@@ -428,6 +467,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
             p.add_argument(k, help=f"{note} (the pipeline's: {default})"); continue
         lo, hi = spec.get("bounds", {}).get(k, (0, None))
         kind = {bool: _flag_text, int: lazy_number(int, lo, hi), float: lazy_number(float, lo, hi)}.get(type(default), str)
+        kind = spec.get("checks", {}).get(k, kind)
         p.add_argument("--" + k.replace("_", "-"), dest=k, type=kind, default=default, metavar=k.upper(),
                        help=note if "(default:" in note else f"{note + ' ' if note else ''}(default: {default if default not in ('', None) else 'none'})")
     if stage == "score":

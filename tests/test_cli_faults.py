@@ -45,7 +45,8 @@ CASES = {
     "reviews": [("{d}/sheet.csv", ["sheet.csv", "no qid column"]),
                 ("{d}/missing.csv", ["missing.csv", "No such file"]),
                 ("{d}/blank.csv", ["blank.csv: no question is rated yet"]),
-                ("{d}/badscore.csv", ["badscore.csv", "rater_1_score of q1 is 'abc'", "0, 1 or 2"])],
+                ("{d}/badscore.csv", ["badscore.csv", "rater_1_score of q1 is 'abc'", "0, 1 or 2"]),
+                ("{d}/empty.jsonl", ["empty.jsonl: not a review sheet", "No columns"])],
     "export": [("{d}/list.jsonl --out {d}/e", ["list.jsonl:2", "not list"]),
                ("{d}/list.jsonl --out {d}/list.jsonl", ["list.jsonl", "is the input"])],
     "infer": [("--model random --benchmark {d}/list.jsonl --out {d}/p.jsonl", ["list.jsonl:2", "not list"]),
@@ -73,7 +74,10 @@ CASES = {
     "generate": [("--structures {d}/absent.parquet --scans {d}/absent.parquet --out {d}/g", ["absent.parquet: no such file", "--structures"]),
                  ("--structures {d}/preds.jsonl --scans {d}/preds.jsonl --out {d}/g", ["preds.jsonl", "not the output of `spatialvqa measure`"]),
                  ("--structures {d}/bad.json --out {d}/g", ["bad.json", "not valid JSON"]),
-                 ("--structures {d}/bad.json --out {d}/afile", ["afile", "must be a folder"])],
+                 ("--structures {d}/bad.json --out {d}/afile", ["afile", "must be a folder"]),
+                 # a budget's fault is the option's, found before any file is read
+                 ("--structures {d}/bad.json --per-scan DIR:x --out {d}/g", ["argument --per-scan", "'DIR:x' is not TASK:n"]),
+                 ("--structures {d}/bad.json --per-source openkbp=DIRE:2 --out {d}/g", ["argument --per-source", "'DIRE' is not a task"])],
     "render": [("{d}/list.jsonl --out {d}/r", ["list.jsonl:2", "not list"]),
                ("{d}/ok.jsonl --size 0 --out {d}/r", ["--size: 0 is out of range"]),
                ("{d}/ok.jsonl --out {d}/r", ["none of the 1 questions could be rendered as three_views", "the first"])],
@@ -89,7 +93,8 @@ CASES = {
                 ["absent.json: no such file", "--filter-report"]),
                ("--scores {d}/absent.parquet --filter-report {d}/bad.json --out {d}/t", ["bad.json", "not valid JSON"]),
                ("--scores {d}/absent.parquet --filter-report {d}/ok.jsonl --out {d}/t",
-                ["ok.jsonl", "not the validate command's filter_report.json"])],
+                ["ok.jsonl", "not the validate command's filter_report.json"]),
+               ("--scores {d}/absent.parquet --info {bad --out {d}/t", ["argument --info", "not valid JSON"])],
 }
 
 
