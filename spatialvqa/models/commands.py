@@ -130,6 +130,16 @@ def _run_settings(model: str, e: dict, recs: Sequence[dict], root: str | os.Path
         cfg = free_text_config(e["adapter"], cfg)
     return cfg
 
+# %% ../../nbs/41_models/08_commands.ipynb #c2e8f0b2
+def _made(model: str, adapter: str, cfg: Mapping):
+    "`make_adapter(adapter, cfg)`; a config it cannot take is a ValueError naming the model and the key."
+    try: return make_adapter(adapter, cfg)
+    except (TypeError, ValueError) as ex:
+        keys = [k for k, v in cfg.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool) and repr(v) in str(ex)]
+        which = f" (the value of {', '.join(keys)})" if keys else ""
+        raise ValueError(f"model {model}: adapter {adapter!r} cannot take its config (infer.models.{model}.config or "
+                         f"--config){which}: {ex}") from None
+
 # %% ../../nbs/41_models/08_commands.ipynb #5d56dc7c
 def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entry: Mapping | None = None,
           cache_dir: str | os.PathLike = ".cache/views", root: str | os.PathLike | None = None, limit: int | None = None,
@@ -144,7 +154,7 @@ def infer(model: str, benchmark: str | os.PathLike, out: str | os.PathLike, entr
     if limit is not None: recs = recs[:int(limit)]
     if e["circular"]: recs = with_rotations(recs)
     cfg = _run_settings(model, e, recs, root)
-    adapter = make_adapter(e["adapter"], cfg)
+    adapter = _made(model, e["adapter"], cfg)
     rep = representation_of(adapter, e["representation"], model)
     recs = with_root(recs, root if root is not None else scan_root(benchmark, recs))
     inputs = make_inputs(rep, index=e["index"], cache_dir=cache_dir, root=root)
