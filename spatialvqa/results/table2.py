@@ -144,7 +144,8 @@ def mark_settled(t2: pd.DataFrame, settled) -> pd.DataFrame:
 def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str = "oracle", random: str = "random") -> dict:
     """`oracle_perfect` (every Table 2 cell of `oracle` is 1, else the cells below in `oracle_below_100`) and
     `random_at_chance` (chance inside the interval of `random`'s MCA AVG); tasks whose interval misses chance are
-    listed in `random_off_chance` (with five 95% intervals, one miss in five runs is expected). With pairs,
+    listed in `random_off_chance` (with five 95% intervals, one miss in five runs is expected), tasks without an
+    interval (no question of theirs was asked) in `random_no_interval`, never as misses. With pairs,
     `flip_pair_accuracy`: every model's accuracy on the pairs whose answer flips (the oracle's is among the cells
     that must be 1; a text-only answerer's is near 0)."""
     out = {}
@@ -154,9 +155,11 @@ def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str
         out.update(oracle_perfect=bool(bad.empty), oracle_below_100=bad["column"].tolist())
     r = values[(values["model"] == random) & values["column"].isin(["MCA AVG", *TABLE2_TASKS])]
     if len(r):
-        bad = r[~((r["ci_low"] <= r["column"].map(chance)) & (r["column"].map(chance) <= r["ci_high"]))]
-        out.update(random_at_chance="MCA AVG" not in set(bad["column"]), random_off_chance=bad["column"].tolist(),
-                   random_mca_avg=float(r.loc[r["column"] == "MCA AVG", "estimate"].iloc[0]))
+        none = r["ci_low"].isna() | r["ci_high"].isna()
+        bad = r[~none & ~((r["ci_low"] <= r["column"].map(chance)) & (r["column"].map(chance) <= r["ci_high"]))]
+        out.update(random_at_chance="MCA AVG" not in set(bad["column"]) | set(r.loc[none, "column"]),
+                   random_off_chance=bad["column"].tolist(), random_mca_avg=float(r.loc[r["column"] == "MCA AVG", "estimate"].iloc[0]))
+        if none.any(): out["random_no_interval"] = r.loc[none, "column"].tolist()
     f = values[values["column"] == "Flip pairs"]
     if len(f): out["flip_pair_accuracy"] = {str(m): round(float(e), 4) for m, e in zip(f["model"], f["estimate"])}
     return out
