@@ -62,7 +62,7 @@ def check_family(family: str, folder: Path, inputs, device: str) -> dict:
     ad = lambda dev, dtype, bs: make_adapter(
         family, {"model_id": str(folder), "device": dev, "dtype": dtype, "batch_size": bs, "max_new_tokens": 4}
     )
-    cpu, f32, b16 = ad("cpu", "float32", 1), ad(device, "float32", 4), ad(device, "bfloat16", 4)
+    cpu, f32, b16 = ad("cpu", "float32", 1), ad(device, "float32", 1), ad(device, "bfloat16", 4)
     ref = cpu.predict(inputs)
     one = f32.predict(inputs)
     f32.batch_size = 4
@@ -83,6 +83,15 @@ def check_family(family: str, folder: Path, inputs, device: str) -> dict:
         "max_logit_diff": float((lc - ld).abs().max()),
         "logit_scale": float(lc.std()),
     }
+
+
+def family_failures(r: dict) -> list[str]:
+    "What a family's report fails: weights elsewhere or in another dtype; batches answering otherwise than one by one."
+    out = []
+    if not (r["on_device"] and r["dtypes_right"]):
+        out.append(f"{r['family']}: weights not on the device in the dtype asked for")
+    if r["batch4_vs_batch1"] != r["n"]: out.append(f"{r['family']}: batches of 4 answer differently from batches of 1")
+    return out
 
 
 def qwen25_3b_shape(tok) -> transformers.Qwen2_5_VLConfig:
@@ -232,10 +241,7 @@ if __name__ == "__main__":
                 f" {r['batch4_vs_batch1']:>3}/{r['n']} {r['bf16_vs_f32']:>5}/{r['n']} "
                 f"{r['max_logit_diff']:>8.1e} (sd {r['logit_scale']:.2f})"
             )
-            if not (r["on_device"] and r["dtypes_right"]):
-                failed.append(f"{fam}: weights not on {dev} in the dtype asked for")
-            if r["batch4_vs_batch1"] != r["n"]:
-                failed.append(f"{fam}: batches of 4 answer differently from batches of 1")
+            failed += family_failures(r)
         big = vlm.tiny_inputs(Path(d) / "big", n=a.throughput_n, views=3, size=(448, 448))
         print(f"\n3. throughput: {a.throughput_n} questions, three 448-px views each, 16 new tokens")
         try:
