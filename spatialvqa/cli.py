@@ -162,8 +162,10 @@ def _json_object_text(text: str) -> str:
     import json
     if not str(text).strip(): return text
     try: v = json.loads(text)
-    except json.JSONDecodeError as e: raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}, column {e.colno})") from None
-    if not isinstance(v, dict): raise argparse.ArgumentTypeError(f"a JSON object ({{...}}) is needed, not {type(v).__name__}")
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}, column {e.colno})") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object ({{...}}) is needed, not {type(v).__name__}")
     return text
 _json_object_text.__name__ = "JSON object"
 

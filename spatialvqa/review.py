@@ -68,7 +68,8 @@ def collect_reviews(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> p
     stems = [Path(p).stem for p in paths]
     for p, stem in zip(paths, stems):
         try: df = pd.read_csv(p, dtype=str, keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError) as e: raise ValueError(f"{p}: not a review sheet ({e})") from None
+        except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+            raise ValueError(f"{p}: not a review sheet ({e})") from None
         if "qid" not in df.columns: raise ValueError(f"{p}: not a review sheet (no qid column)")
         dup = df["qid"][df["qid"].duplicated()].tolist()
         if dup: raise ValueError(f"{p}: qid {dup[0]} appears more than once")

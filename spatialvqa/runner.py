@@ -202,8 +202,8 @@ def stage_main(argv: list[str] | None = None) -> int:
     if not Path(a.dvc_file).is_file():                     # e.g. run from another folder: say where the pipeline is
         home = Path(__file__).resolve().parents[1] / "dvc.yaml"
         hint = f" (this package's own: --dvc-file {home})" if home.is_file() else ""
-        print(f"spatialvqa-stage {a.stage}: error: {a.dvc_file}: no such pipeline file in {cwd}; run it from the project's "
-              f"root (the folder of dvc.yaml) or give --dvc-file{hint}", file=sys.stderr)
+        print(f"spatialvqa-stage {a.stage}: error: {a.dvc_file}: no such pipeline file in {cwd}; run it from the "
+              f"project's root (the folder of dvc.yaml) or give --dvc-file{hint}", file=sys.stderr)
         return 2
     params = os.path.relpath(Path(a.params).resolve(), root) if a.params else "params.yaml"
     try:

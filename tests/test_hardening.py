@@ -296,11 +296,13 @@ def test_dvc_stage_refuses_a_secret_in_params_before_papermill_writes(tmp_path):
 
 
 def test_dvc_stage_from_another_folder_says_where_the_pipeline_is(tmp_path):
-    "`spatialvqa-stage` outside the project's root: status 2 naming the missing dvc.yaml and the package's own pipeline."
+    "`spatialvqa-stage` outside the project's root: status 2 naming the missing dvc.yaml and the package's own."
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    r = subprocess.run(["bash", "-c", "spatialvqa-stage tables"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(["bash", "-c", "spatialvqa-stage tables"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                       timeout=120)
     assert r.returncode == 2, r.stderr
-    assert f"dvc.yaml: no such pipeline file in {tmp_path}" in r.stderr and f"--dvc-file {ROOT / 'dvc.yaml'}" in r.stderr, r.stderr
+    assert f"dvc.yaml: no such pipeline file in {tmp_path}" in r.stderr, r.stderr
+    assert f"--dvc-file {ROOT / 'dvc.yaml'}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not list(tmp_path.iterdir())         # nothing written there
 
 

@@ -135,7 +135,8 @@ def _made(model: str, adapter: str, cfg: Mapping):
     "`make_adapter(adapter, cfg)`; a config it cannot take is a ValueError naming the model and the key."
     try: return make_adapter(adapter, cfg)
     except (TypeError, ValueError) as ex:
-        keys = [k for k, v in cfg.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool) and repr(v) in str(ex)]
+        keys = [k for k, v in cfg.items()
+                if isinstance(v, (str, int, float)) and not isinstance(v, bool) and repr(v) in str(ex)]
         which = f" (the value of {', '.join(keys)})" if keys else ""
         raise ValueError(f"model {model}: adapter {adapter!r} cannot take its config (infer.models.{model}.config or "
                          f"--config){which}: {ex}") from None

@@ -158,7 +158,8 @@ def sanity_checks(values: pd.DataFrame, chance: Mapping[str, float], oracle: str
         none = r["ci_low"].isna() | r["ci_high"].isna()
         bad = r[~none & ~((r["ci_low"] <= r["column"].map(chance)) & (r["column"].map(chance) <= r["ci_high"]))]
         out.update(random_at_chance="MCA AVG" not in set(bad["column"]) | set(r.loc[none, "column"]),
-                   random_off_chance=bad["column"].tolist(), random_mca_avg=float(r.loc[r["column"] == "MCA AVG", "estimate"].iloc[0]))
+                   random_off_chance=bad["column"].tolist(),
+                   random_mca_avg=float(r.loc[r["column"] == "MCA AVG", "estimate"].iloc[0]))
         if none.any(): out["random_no_interval"] = r.loc[none, "column"].tolist()
     f = values[values["column"] == "Flip pairs"]
     if len(f): out["flip_pair_accuracy"] = {str(m): round(float(e), 4) for m, e in zip(f["model"], f["estimate"])}

@@ -61,7 +61,8 @@ def add_cli(subparsers):
     p.add_argument("--structures", nargs="+", required=True, help="structure names (TotalSegmentator) or label ids")
     p.add_argument("--representation", default="three_views", choices=REPRESENTATIONS, metavar="REPRESENTATION",
                    help=f"what a model is given: {', '.join(REPRESENTATIONS)} (default three_views)")
-    p.add_argument("--window", default="abdomen", help=f"CT window: {', '.join(WINDOWS)} or 'level,width' (default abdomen)")
+    p.add_argument("--window", default="abdomen",
+                   help=f"CT window: {', '.join(WINDOWS)} or 'level,width' (default abdomen)")
     p.add_argument("--size", type=number(int, MIN_SIZE, MAX_SIZE), default=448,
                    help=f"pixels per side of a view, {MIN_SIZE} to {MAX_SIZE} (default 448)")
     p.add_argument("--margin-mm", type=number(float, 0, 1000), default=20.0, help="margin around the structures in mm, 0 to 1000 (default 20)")
