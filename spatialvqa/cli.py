@@ -604,6 +604,9 @@ _NO_GC = {"measure"}   # short commands whose process needs no cyclic garbage co
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `spatialvqa` console script."
     whole = argv is None                       # this process is the command (the console script), not a caller's
+    if whole:                                  # before numpy loads: the kernels every pipeline stage computes with
+        from spatialvqa.runner import simd_pins
+        for k, v in simd_pins().items(): os.environ.setdefault(k, v)
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((x for x in argv if not x.startswith("-")), None)  # the only positional before the subcommand's
     if whole and command in _NO_GC:

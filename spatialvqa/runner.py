@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['stage_spec', 'param_at', 'stage_values', 'foreach_keys', 'stage_parameters_of', 'settle_copy', 'run_stage',
-           'stage_main']
+__all__ = ['SIMD_PINS', 'stage_spec', 'param_at', 'stage_values', 'foreach_keys', 'stage_parameters_of', 'settle_copy',
+           'simd_pins', 'run_stage', 'stage_main']
 
 # %% ../nbs/48_runner.ipynb #dd9b4a0d
 def stage_spec(stage: str, dvc_file: str | os.PathLike = "dvc.yaml") -> tuple[Path, list[str], object]:
@@ -149,15 +149,33 @@ def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) 
     return clock
 
 
+# %% ../nbs/48_runner.ipynb #d4a1e7c2
+SIMD_PINS = {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",   # numpy 2's AVX-512 dispatch targets
+             "OPENBLAS_CORETYPE": "Haswell"}                                # OpenBLAS's AVX2 + FMA kernels
+
+def simd_pins(cpuinfo: str | None = None, machine: str | None = None) -> dict[str, str]:
+    """`SIMD_PINS` on an x86-64 machine whose CPU has AVX2 and FMA (`cpuinfo`: the text of /proc/cpuinfo, read when
+    None), else {} (Arm, an older x86, no /proc): the environment in which a process that then imports numpy computes
+    with AVX2 kernels."""
+    import platform
+    if (machine or platform.machine()).lower() not in ("x86_64", "amd64"): return {}
+    if cpuinfo is None:
+        try: cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError: return {}
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return dict(SIMD_PINS) if {"avx2", "fma"} <= set(flags) else {}
+
 # %% ../nbs/48_runner.ipynb #f7a5c4e8
 _QUIET = {"SPATIALVQA_PROGRESS": "0", "SPATIALVQA_LOG_TIME": "0",       # the package's own bars and log lines
           "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}       # other libraries' bars (model loading)
 
 @contextlib.contextmanager
-def _quiet_kernel():
-    "While the block runs, a kernel it starts draws no progress bars and logs no time of day (then as it was)."
-    old = {k: os.environ.get(k) for k in _QUIET}
-    os.environ.update(_QUIET)
+def _kernel_env():
+    """While the block runs, a kernel it starts draws no progress bars, logs no time of day, and computes with the
+    pinned kernels of `simd_pins` unless the environment names others (then as it was)."""
+    env = {**_QUIET, **{k: v for k, v in simd_pins().items() if k not in os.environ}}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try: yield
     finally:
         for k, v in old.items():
@@ -177,7 +195,7 @@ def run_stage(stage: str, given: Mapping | None = None, key: str | None = None, 
     logging.getLogger("papermill").setLevel(logging.WARNING)
     run = dict(parameters=values, kernel_name=kernel, cwd=".", progress_bar=False)
     try:
-        with _quiet_kernel(): papermill.execute_notebook(str(nb), str(out), **run)
+        with _kernel_env(): papermill.execute_notebook(str(nb), str(out), **run)
     finally:
         if out.exists():                       # a failed run's copy too: it is what the reader opens
             clock = Path("reports/times") / f"{out.stem}.json"
