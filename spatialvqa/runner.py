@@ -151,7 +151,9 @@ def settle_copy(path: str | os.PathLike, root: str | os.PathLike | None = None) 
 
 # %% ../nbs/48_runner.ipynb #d4a1e7c2
 SIMD_PINS = {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",   # numpy 2's AVX-512 dispatch targets
-             "OPENBLAS_CORETYPE": "Haswell"}                                # OpenBLAS's AVX2 + FMA kernels
+             "OPENBLAS_CORETYPE": "Haswell",                                # OpenBLAS's AVX2 + FMA kernels
+             "ATEN_CPU_CAPABILITY": "avx2",                                  # torch's own CPU kernels
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}   # torch's BLAS and oneDNN
 
 def simd_pins(cpuinfo: str | None = None, machine: str | None = None) -> dict[str, str]:
     """`SIMD_PINS` on an x86-64 machine whose CPU has AVX2 and FMA (`cpuinfo`: the text of /proc/cpuinfo, read when
