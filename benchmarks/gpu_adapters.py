@@ -176,6 +176,7 @@ def throughput(inputs, batch_sizes, device: str, small: bool) -> list[dict]:
     for bs in batch_sizes:
         a = vlm.Qwen25VL(model=model, tokenizer=tok, image_processor=ip, batch_size=bs, max_new_tokens=16)
         a.predict(inputs[:bs])  # warm-up: kernels chosen, caches filled
+        if device == "cuda": torch.cuda.reset_peak_memory_stats()   # each batch size's own peak
         sync(device)
         t = time.perf_counter()
         enc_s = 0.0

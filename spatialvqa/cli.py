@@ -132,17 +132,16 @@ def _check_params(a) -> int:
     return 0
 
 # %% ../nbs/49_cli.ipynb #b1d9e0a2
-_STAGE_TASKS = ("DIR", "DIST", "EXT", "VOL", "COMP", "VOLEST")   # questions.core.TASKS (not imported: it loads pandas)
-
 def _budget_text(text: str) -> str:
     "A budget `TASK:n,...` (argparse type: the text, or why it is not one)."
+    from spatialvqa.questions.core import TASKS      # only when `generate` is parsed: it loads pandas
     for kv in (x.strip() for x in str(text).split(",")):
         if not kv: continue
         k, sep, v = kv.replace("=", ":").partition(":")
         if not sep or not v.strip().isdigit():
             raise argparse.ArgumentTypeError(f"{kv!r} is not TASK:n with n a whole number of questions (e.g. DIR:6)")
-        if k.strip() not in _STAGE_TASKS:
-            raise argparse.ArgumentTypeError(f"{k.strip()!r} is not a task; the tasks are {', '.join(_STAGE_TASKS)}")
+        if k.strip() not in TASKS:
+            raise argparse.ArgumentTypeError(f"{k.strip()!r} is not a task; the tasks are {', '.join(TASKS)}")
     return text
 _budget_text.__name__ = "budget"
 
