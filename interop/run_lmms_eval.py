@@ -29,10 +29,12 @@ TASK = "spatialvqa_tracka"
 
 
 def expected(parquet: Path, letter: str) -> dict:
-    df = pd.read_parquet(parquet, columns=["qid", "task", "format", "answer_letter"])
+    df = pd.read_parquet(parquet, columns=["qid", "task", "format", "answer_letter", "group_flips"])
     mc = df[df["format"] == "mc"]
     out = {"score": float((mc["answer_letter"] == letter).sum() / len(df)), "mc_accuracy": float((mc["answer_letter"] == letter).mean()),
            "questions": len(df), "mc_questions": len(mc), "numeric_questions": int((df["format"] == "numeric").sum())}
+    if mc["group_flips"].astype(bool).any():     # one letter for all cannot be right on every member of a group whose answers differ
+        out["flip_groups"] = 0.0
     for t, g in mc.groupby("task"):
         out[f"{t}_score"] = float((g["answer_letter"] == letter).mean())
     return out

@@ -32,10 +32,12 @@ from .questions.generate import RECORD_FIELDS
 from .questions.tables import markdown_table
 from .scoring import outcome
 from .results.scores import in_scope
+from . import release
+from .release import PUBLIC_NOTES, SALT, id_leaks, public_records
 
 # %% auto #0
-__all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE', 'FIELD_NOTES', 'LICENCE_NAME', 'LMMS_UTILS',
-           'DEFAULT_VIEWS', 'read_views', 'export_frame', 'write_dataset_parquet', 'export_jsonl_parquet',
+__all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'FIELD_ORDER', 'EXPORT_FIELDS', 'VIEWS_FEATURE', 'FIELD_NOTES', 'LICENCE_NAME',
+           'LMMS_UTILS', 'DEFAULT_VIEWS', 'read_views', 'export_frame', 'write_dataset_parquet', 'export_jsonl_parquet',
            'letter_counts', 'licence_text', 'dataset_card', 'write_dataset_card', 'module_statements',
            'lmms_utils_source', 'vlmevalkit_scorer_source', 'lmms_yaml', 'export_lmms_eval', 'load_utils',
            'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'check_stem', 'read_scan_table',
@@ -45,7 +47,10 @@ __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'EXPORT_FIELDS', 'VIEWS_FEATURE',
 NAME = "spatialvqa_trackA"
 LMMS_TASK = "spatialvqa_tracka"
 JSON_FIELDS = ("spec", "measurements", "hosts", "blind", "blind_vote")
-EXPORT_FIELDS = (*RECORD_FIELDS, "prompt", "blind", "blind_vote", "blind_right", "views")
+# the order of the fields, a compendium record's (`RECORD_FIELDS`) or a released one's (`release.public_records`)
+FIELD_ORDER = (*[x for k in RECORD_FIELDS for x in ((k, "patient", "patients") if k == "scan_ids" else (k,))],
+               "group", "group_flips")
+EXPORT_FIELDS = (*FIELD_ORDER, "prompt", "blind", "blind_vote", "blind_right", "views")
 # the `datasets` feature of the `views` column, as `datasets` itself records it in a parquet file's schema metadata
 VIEWS_FEATURE = {"feature": {"_type": "Image"}, "_type": "Sequence"}
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])      # the arrow layout of a `datasets` Image
@@ -74,20 +79,21 @@ def _views_for(records: Sequence[dict], views: Mapping[str, Sequence[str | os.Pa
 
 # %% ../nbs/46_export.ipynb #cfcc9def
 def export_frame(records: Sequence[dict], views: Mapping[str, Sequence[str | os.PathLike]] | None = None) -> pd.DataFrame:
-    """The records as a flat table: `RECORD_FIELDS`, `prompt`, the blind predictions when present, nested fields as JSON
-    text; with `views` (qid -> image files), the column `views`: each question's images as `{"bytes": PNG, "path": file
-    name}`, the layout of a `datasets` Image."""
+    """The records as a flat table: their fields in `FIELD_ORDER`, `prompt`, the blind predictions when present, nested
+    fields as JSON text; with `views` (qid -> image files), the column `views`: each question's images as
+    `{"bytes": PNG, "path": file name}`, the layout of a `datasets` Image."""
     files = _views_for(records, views) if views is not None else None
+    fields = [k for k in FIELD_ORDER if any(k in r for r in records)]
     rows = []
     for i, r in enumerate(records):
-        row = {k: (dumps(r.get(k)) if k in JSON_FIELDS else r.get(k)) for k in RECORD_FIELDS}
+        row = {k: (dumps(r.get(k)) if k in JSON_FIELDS else r.get(k)) for k in fields}
         row["prompt"] = build_prompt(r)
         if any("blind" in x for x in records):
             row["blind"], row["blind_vote"] = dumps(r.get("blind")), dumps(r.get("blind_vote"))
             row["blind_right"] = r.get("blind_right")
         if files is not None: row["views"] = [{"bytes": p.read_bytes(), "path": p.name} for p in files[i]]
         rows.append(row)
-    cols = [c for c in EXPORT_FIELDS if rows and c in rows[0]] or list(RECORD_FIELDS)
+    cols = [c for c in EXPORT_FIELDS if rows and c in rows[0]] or list(FIELD_ORDER)
     return pd.DataFrame(rows, columns=cols)
 
 def write_dataset_parquet(df: pd.DataFrame, path: str | os.PathLike) -> Path:
@@ -157,9 +163,12 @@ def _card_front(n: int, name: str) -> list[str]:
 
 def _card_intro(records: Sequence[dict], n: int) -> list[str]:
     "What the benchmark is, and its composition by task."
-    scans = sorted({s for r in records for s in r["scan_ids"]})
+    released = any("patients" in r for r in records)
+    scans = sorted({s for r in records for s in r["patients" if released else "scan_ids"]})
     return ["# SpatialVQA Track A: mask-grounded spatial questions on CT", "",
-            f"{n} questions about {len(scans)} CT scans, written from segmentation masks by `spatialvqa` and answered "
+            f"{n} questions about "
+            + (f"the CT scans of {len(scans)} subjects" if released else f"{len(scans)} CT scans")
+            + ", written from segmentation masks by `spatialvqa` and answered "
             "by its spatial tools (volumes, distances, extents, directions in RAS+ world millimetres). Five tasks are "
             "multiple choice with four options (DIR direction, DIST distance, EXT extent, VOL volume, COMP comparison) "
             "and one is numeric (VOLEST volume estimation).", "",
@@ -175,11 +184,32 @@ def _card_validation(summary: Mapping) -> list[str]:
             f"(rule `{summary.get('settings', {}).get('rule')}` over {', '.join(summary.get('settings', {}).get('answerers', []))}). "
             "See `results/benchmark/filter_report.md` of the compendium.", ""]
 
+# %% ../nbs/46_export.ipynb #849401ee
+def _card_ids(records: Sequence[dict]) -> list[str]:
+    "What the opaque ids and groups are, the flip-group metric, and the fields a model must never be given."
+    if not any("group" in r for r in records): return []
+    groups = Counter(r["group"] for r in records)
+    flipping = {r["group"] for r in records if r.get("group_flips") and r["format"] == "mc"}
+    return ["## Ids, twins and what a model may see", "",
+            "`qid`, `patient` and `group` are opaque (salted hashes): they name no scan, patient or copy, and the "
+            "rows are in the order of their `qid`. Some questions are asked again on a counterfactual copy of their "
+            "scan: mirrored left to right, or with one structure resized. Such a question and its twins share a "
+            f"`group`; their text and options are the same, and their answers may differ. There are {len(groups)} groups, "
+            f"{sum(n > 1 for n in groups.values())} of them with twins; {len(flipping)} multiple-choice groups have "
+            "answers that differ (`group_flips`).", "",
+            "**Flip-group accuracy** (`flip_groups` in the lmms-eval task and the VLMEvalKit scorer) is the share of "
+            "those multiple-choice groups in which every member is answered right. An answerer that reads only the question "
+            "gives every member the same answer, so it scores 0. For a group of two it is the compendium's flip-pair "
+            "accuracy, the headline of its Table 2.", "",
+            "A model is given `prompt` and `views` only. "
+            + ", ".join(f"`{f}`" for f in release.ANSWER_FIELDS)
+            + " carry the answer, and `patient` and `group` link questions; none of them may reach a model.", ""]
+
 # %% ../nbs/46_export.ipynb #7c1d7297
 def _card_fields(columns: Sequence[str] | None) -> list[str]:
     "The table of the parquet's fields and what each means."
     cols = list(columns or EXPORT_FIELDS)
-    notes = {**RECORD_FIELDS, **FIELD_NOTES}
+    notes = {**RECORD_FIELDS, **PUBLIC_NOTES, **FIELD_NOTES}
     body = ["## Fields", "", "| field | meaning |", "|:---|:---|"]
     body += [f"| `{c}` | {notes.get(c, '').replace('|', '/')} |" for c in cols]
     return body
@@ -241,14 +271,17 @@ def _card_aggregates(aggregates: pd.DataFrame | None) -> list[str]:
     return body
 
 # %% ../nbs/46_export.ipynb #20d9e02f
-def _card_images(views_info: str | None, sources: Mapping[str, str] | None) -> list[str]:
+def _card_images(views_info: str | None, sources: Mapping[str, str] | None, released: bool = False) -> list[str]:
     "How the views and volumes are carried, and the sources' licences."
     body = ["", "## Images", "",
             "`views` embeds the rendered views of every question (PNG) as a sequence of `datasets` Images; the "
             "VLMEvalKit files carry the same images in base64. "
             + (f"They were rendered with {views_info}. " if views_info else "")
-            + "`images` keeps the path of each CT volume (NIfTI/NRRD) a question is about, relative to the compendium's "
-            "root, for 3D models run from the compendium; `label_maps` the masks the answers come from.", "",
+            + ("The CT volumes are not in the export, and no field names them: 3D models run from the compendium, "
+               "on its benchmark file, whose `images` and `label_maps` give each question's volumes and masks."
+               if released else "`images` keeps the path of each CT volume (NIfTI/NRRD) a question is about, relative "
+               "to the compendium's root, for 3D models run from the compendium; `label_maps` the masks the answers "
+               "come from."), "",
             "## Sources and licences", "",
             f"`license: other` (`{LICENCE_NAME}`): each scan keeps its source's licence, listed in `LICENSE.md`:", ""]
     body += [f"- {s}: {t}" for s, t in (sources or {}).items()] or ["- see the compendium's `data/` and `params.yaml`"]
@@ -264,8 +297,9 @@ def dataset_card(records: Sequence[dict], name: str = NAME, summary: Mapping | N
     n = len(records)
     body = _card_intro(records, n)
     if summary: body += _card_validation(summary)
+    body += _card_ids(records)
     body += (_card_fields(columns) + _card_usage(name) + _card_letters(records) + _card_aggregates(aggregates)
-             + _card_images(views_info, sources))
+             + _card_images(views_info, sources, any("group" in r for r in records)))
     return "\n".join(_card_front(n, name) + body) + "\n"
 
 def write_dataset_card(records: Sequence[dict], out: str | os.PathLike, name: str = NAME, summary: Mapping | None = None,
@@ -376,7 +410,8 @@ def process_results(doc, results):
     """Score one generation; None for the metrics that do not apply to this question."""
     s = score_reply(doc, results[0] if results else "")
     mc = doc["format"] == "mc"
-    out = {"score": s, "mc_accuracy": s if mc else None, "numeric_mra": None if mc else s}
+    out = {"score": s, "mc_accuracy": s if mc else None, "numeric_mra": None if mc else s,
+           "flip_groups": (doc["group"], s) if mc and doc.get("group_flips") is True else None}
     for t in TASKS:
         out[f"{t}_score"] = s if doc["task"] == t else None
     return out
@@ -407,7 +442,8 @@ def _doc(row):
     mc = "answer_value" not in row and all(l in row for l in LETTERS)
     if mc:
         return {"qid": row.get("qid"), "task": row["category"], "format": "mc", "options": [str(row[l]) for l in LETTERS],
-                "answer_letter": str(row["answer"]).strip()}
+                "answer_letter": str(row["answer"]).strip(), "group": row.get("group"),
+                "group_flips": str(row.get("group_flips")) == "True"}
     return {"qid": row.get("qid"), "task": row["category"], "format": "numeric", "options": None,
             "answer_value": float(row["answer_value"]), "unit": row.get("unit") or "mL"}
 
@@ -418,12 +454,13 @@ def score_vlmevalkit(pred_file):
     df = _read_table(pred_file)
     if "prediction" not in df.columns:
         raise SystemExit(f"{pred_file}: no `prediction` column (VLMEvalKit's prediction files have one)")
-    rows = []
+    rows, groups = [], []
     for row in df.to_dict("records"):
         doc = _doc(row)
         pred = row["prediction"]
         rows.append({"index": row.get("index"), "qid": doc["qid"], "task": doc["task"], "format": doc["format"],
                      "score": score_reply(doc, "" if pred is None or pred != pred else str(pred))})
+        groups.append((doc["group"], rows[-1]["score"]) if doc["format"] == "mc" and doc.get("group_flips") else None)
     by_task = {}
     for r in rows:
         by_task.setdefault(r["task"], []).append(r["score"])
@@ -431,6 +468,8 @@ def score_vlmevalkit(pred_file):
     mc_tasks = [t for t in tasks if any(r["task"] == t and r["format"] == "mc" for r in rows)]
     summary = {"questions": len(rows), "score": sum(r["score"] for r in rows) / len(rows) if rows else float("nan"),
                "tasks": tasks, "MCA AVG": sum(tasks[t] for t in mc_tasks) / len(mc_tasks) if mc_tasks else None}
+    if any(groups):
+        summary["flip_groups"] = group_score(groups)
     return rows, summary
 
 
@@ -470,6 +509,7 @@ def lmms_utils_source(name: str = NAME, check: bool = True) -> str:
     functions, for the parquet `<name>.parquet` two folders above it (loading it fails without that file when `check`)."""
     parts = [_LMMS_HEAD.format(letters=LETTERS, tasks=tuple(TASKS), data_file=f"../../{name}.parquet") + (_LMMS_DATA_CHECK if check else ""),
              "# ---- spatialvqa.stats: Mean Relative Accuracy\n" + module_statements(stats, ["MRA_THRESHOLDS", "mra"]),
+             "# ---- spatialvqa.release: flip-group accuracy\n" + module_statements(release, ["group_score"]),
              "# ---- spatialvqa.prompt\n" + module_statements(prompt),
              "# ---- spatialvqa.parse\n" + module_statements(parse),
              "# ---- the lmms-eval task" + _LMMS_TASK_FUNCTIONS]
@@ -495,6 +535,7 @@ def lmms_yaml(data_file: str, task: str = LMMS_TASK, max_new_tokens: int = 32) -
              "  temperature: 0", "  do_sample: false", "process_results: !function utils.process_results", "metric_list:"]
     for m in metrics:
         lines += [f"  - metric: {m}", "    aggregation: !function utils.aggregate_mean", "    higher_is_better: true"]
+    lines += ["  - metric: flip_groups", "    aggregation: !function utils.group_score", "    higher_is_better: true"]
     lines += ["lmms_eval_specific_kwargs:", "  default:", '    pre_prompt: ""', '    post_prompt: ""', "metadata:", "  - version: 0.2"]
     return "\n".join(lines) + "\n"
 
@@ -524,19 +565,22 @@ def _image_cell(files: Sequence[Path]) -> str:
 
 def vlmevalkit_frames(records: Sequence[dict], views: Mapping[str, Sequence[str | os.PathLike]]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The VLMEvalKit tables: multiple choice (index, question, A-D, answer, category, l2-category, image, qid) and
-    numeric (index, question, answer, category, l2-category, image, qid, answer_value, unit). `index` counts through both
-    tables, so no two questions share one."""
+    numeric (index, question, answer, category, l2-category, image, qid, answer_value, unit), with `group` and
+    `group_flips` after `qid` for released records. `index` counts through both tables, so no two questions share
+    one."""
     files = _views_for(records, views)
     mc, num = [], []
     for i, r in enumerate(records):
-        base = {"category": r["task"], "l2-category": r["subtask"], "image": _image_cell(files[i]), "qid": r["qid"]}
+        base = {"category": r["task"], "l2-category": r["subtask"], "image": _image_cell(files[i]), "qid": r["qid"],
+                **({k: r[k] for k in ("group", "group_flips")} if "group" in r else {})}
         if r["format"] == "mc":
             mc.append({"index": i, "question": r["question"], **dict(zip(LETTERS, r["options"])), "answer": r["answer_letter"], **base})
         else:
             num.append({"index": i, "question": build_prompt(r).replace("\n", " "), "answer": fmt_number(r["answer_value"], r["unit"]).split()[0],
                         **base, "answer_value": r["answer_value"], "unit": r["unit"]})
-    mcols = ["index", "question", *LETTERS, "answer", "category", "l2-category", "image", "qid"]
-    ncols = ["index", "question", "answer", "category", "l2-category", "image", "qid", "answer_value", "unit"]
+    grouped = ["group", "group_flips"] if any("group" in r for r in records) else []
+    mcols = ["index", "question", *LETTERS, "answer", "category", "l2-category", "image", "qid", *grouped]
+    ncols = ["index", "question", "answer", "category", "l2-category", "image", "qid", *grouped, "answer_value", "unit"]
     return pd.DataFrame(mc, columns=mcols), pd.DataFrame(num, columns=ncols)
 
 def export_vlmevalkit(records: Sequence[dict], out: str | os.PathLike, views: Mapping[str, Sequence[str | os.PathLike]],
@@ -554,28 +598,39 @@ def export_vlmevalkit(records: Sequence[dict], out: str | os.PathLike, views: Ma
 
 
 # %% ../nbs/46_export.ipynb #d3e1a002
-def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils) -> tuple[pd.DataFrame, pd.DataFrame]:
+def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils,
+                   ids: Mapping[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every model's replies in `scored` (the score stage's per-question table with `raw`; plain questions in each model's
     scope) scored again by the exported `utils.process_results`, beside the project's own strict per-question score
     (`scoring.outcome`). Returns (per question: model, qid, task, project, harness; per model in percent: Table 2's
     `MCA AVG` (the mean of the five task accuracies), the harnesses' means over questions `mc_accuracy`,
-    `numeric_mra` and `score`, and `mismatches`)."""
+    `numeric_mra` and `score`, `flip groups` when the records are released ones, and `mismatches`). `ids`: the
+    compendium's qid -> the released one, when `records` are released (`release.public_records`). A flip group counts
+    only when every member is in the model's scope."""
     by = {r["qid"]: r for r in records}
+    ids = dict(ids or {})
+    size = Counter(r["group"] for r in records if "group" in r)
     per, agg = [], []
     sc = in_scope(scored[scored["rotation"] == 0])
     for m, g in sc.groupby("model", sort=False, observed=True):
         project = np.where(g["format"] == "numeric", outcome(g, True, "mra"), outcome(g, True, "correct"))
-        rows = [dict(model=str(m), qid=q, task=t, project=float(p),
-                     harness=utils.process_results(by[q], ["" if raw is None else str(raw)])["score"])
-                for q, t, p, raw in zip(g["qid"], g["task"], project, g["raw"])]
+        res = [utils.process_results(by[ids.get(q, q)], ["" if raw is None else str(raw)])
+               for q, raw in zip(g["qid"], g["raw"])]
+        rows = [dict(model=str(m), qid=q, task=t, project=float(p), harness=x["score"])
+                for q, t, p, x in zip(g["qid"], g["task"], project, res)]
         per += rows
         df = pd.DataFrame(rows)
+        groups = [x.get("flip_groups") for x in res]
+        seen = Counter(x[0] for x in groups if x)
+        groups = [x for x in groups if x and seen[x[0]] == size[x[0]]]
         mc = df[df["task"] != "VOLEST"]
         agg.append({"model": str(m), "questions": len(df),
                     "MCA AVG (mean of tasks)": round(100 * float(mc.groupby("task")["harness"].mean().mean()), 1),
                     "mc_accuracy (mean of questions)": round(100 * float(mc["harness"].mean()), 1),
                     "numeric_mra (Volume MRA)": round(100 * float(df.loc[df["task"] == "VOLEST", "harness"].mean()), 1),
                     "score (all questions)": round(100 * float(df["harness"].mean()), 1),
+                    **({"flip groups (every member right)": round(100 * float(utils.group_score(groups)), 1)}
+                       if groups else {}),
                     "mismatches": int((df["project"] != df["harness"]).sum())})
     return pd.DataFrame(per), pd.DataFrame(agg)
 
@@ -583,21 +638,35 @@ def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils) -> tupl
 # %% ../nbs/46_export.ipynb #7b8391f3
 def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[str, Sequence[str | os.PathLike]],
                name: str = NAME, summary: Mapping | None = None, sources: Mapping[str, str] | None = None,
-               views_info: str | None = None, aggregates: pd.DataFrame | None = None, absolute: bool = False) -> dict[str, Path]:
-    """Write JSONL + parquet (views embedded), the dataset card and `LICENSE.md`, the VLMEvalKit TSVs (base64 views) with
-    their scorer, and the lmms-eval task folder for `records` into `out`. `views`: qid -> rendered image files (`read_views`);
-    every question must have some. The lmms-eval task names the parquet relative to its own folder (absolute when
-    `absolute`). Returns every written path by kind."""
+               views_info: str | None = None, aggregates: pd.DataFrame | None = None, absolute: bool = False,
+               key: str | os.PathLike | None = None, salt: str = SALT) -> dict[str, Path]:
+    """Release `records` into `out`: JSONL + parquet (views embedded), the dataset card and `LICENSE.md`, the VLMEvalKit
+    TSVs (base64 views) with their scorer, and the lmms-eval task folder. The records are released ones
+    (`release.public_records`: opaque ids, no copy fields), and a field that still names a compendium id is a
+    ValueError.
+    The key back to the compendium's ids goes to `key`, outside `out` (default `<out>_key.jsonl` beside it). `views`:
+    the compendium's qid -> rendered image files (`read_views`); every question must have some. The lmms-eval task names
+    the parquet relative to its own folder (absolute when `absolute`). Returns every written path by kind."""
     out = Path(out)
+    key = Path(key) if key is not None else out.with_name(f"{out.name}_key.jsonl")
+    if key.resolve().is_relative_to(out.resolve()):
+        raise ValueError(f"{key}: the key to the compendium's ids would be released with {out}; "
+                         "write it outside that folder")
     recs = list(records)
     _views_for(recs, views)                                   # before anything is written
+    recs, ids = public_records(recs, salt)
+    if leaks := id_leaks(recs, ids):
+        raise ValueError(f"{len(leaks)} released fields still name a compendium id or copy (e.g. {leaks[0]}): "
+                         "a release must not say which scan or copy a question is on")
+    views = {k["qid"]: views[k["internal_qid"]] for k in ids}
     paths = export_jsonl_parquet(recs, out, name, views)
     cols = list(pq.read_schema(paths["parquet"]).names)
     paths["card"] = write_dataset_card(recs, out, name, summary, sources, cols, views_info, aggregates)
     paths["licence"] = out / "LICENSE.md"
     paths |= export_vlmevalkit(recs, out, views, name)
     paths |= export_lmms_eval(out, name, absolute=absolute)
-    get_logger(__name__).info("exported %d questions to %s", len(recs), out)
+    paths["key"] = write_jsonl(ids, key)
+    get_logger(__name__).info("exported %d questions to %s (the key to their ids: %s)", len(recs), out, key)
     return paths
 
 # %% ../nbs/46_export.ipynb #b36499c3
@@ -628,7 +697,8 @@ def source_licences(records: Sequence[dict], scans: pd.DataFrame, licences: Mapp
                     where: str = "the scans table") -> dict[str, str]:
     """source -> "N scans; licence" for the scans `records` ask about: the licence the convert stage recorded for the
     source's scans (`licence` in `scans`), else the one `licences` gives for the source. A counterfactual copy
-    (`<source>+mirror`) keeps its original source's licence. A source with neither is a ValueError naming it."""
+    (`<source>+mirror`) counts under its original's source and keeps its licence ("N scans and M counterfactual
+    copies; licence"). A source with neither is a ValueError naming it."""
     licences = dict(licences or {})
     used = {s for r in records for s in (r.get("scan_ids") or [r.get("scan_id")])}
     known = scans[scans["scan_id"].isin(used)] if len(scans) else scans
@@ -636,14 +706,15 @@ def source_licences(records: Sequence[dict], scans: pd.DataFrame, licences: Mapp
     src = pd.Series([by_scan.get(s) or next((r.get("source") for r in records if s in (r.get("scan_ids") or [r.get("scan_id")])
                                                   and r.get("source")), None) or "phantom" for s in sorted(used)], index=sorted(used))
     lic = pd.Series(dict(zip(known["scan_id"], known["licence"])) if "licence" in known else {}, dtype=object).reindex(src.index)
+    base = src.str.split("+").str[0]      # a copy (<source>+<kind>) is its original source's data, same licence
     out = {}
-    for s in sorted(src.unique()):
-        base = s.split("+")[0]       # a counterfactual copy (<source>+<kind>) is its original source's data, same licence
-        names = (sorted({str(x) for x in lic[src == s].dropna()}) or sorted({str(x) for x in lic[src == base].dropna()})
-                 or [str(licences.get(s, licences.get(base, "")))])
-        if not any(names): raise ValueError(f"{where}: source {s!r} has no licence; give the convert manifest that records it "
-                                            f"(--scans .../scans.json) or --licence {s}=TEXT")
-        out[s] = f"{int((src == s).sum())} scans; {', '.join(names)}"
+    for b in sorted(base.unique()):
+        names = sorted({str(x) for x in lic[base == b].dropna()}) or [str(licences.get(b, ""))]
+        if not any(names): raise ValueError(f"{where}: source {b!r} has no licence; give the convert manifest that "
+                                            f"records it (--scans .../scans.json) or --licence {b}=TEXT")
+        n, copies = int((src == b).sum()), int(((base == b) & (src != b)).sum())
+        copied = f" and {copies} counterfactual cop{'y' if copies == 1 else 'ies'}" if copies else ""
+        out[b] = f"{n} scan{'s' * (n != 1)}{copied}; {', '.join(names)}"
     return out
 
 # %% ../nbs/46_export.ipynb #18c9b948
@@ -657,7 +728,8 @@ def _cli_export(a) -> int:
     views = read_views(a.views, a.root)
     sources = source_licences(recs, read_scan_table(a.scans or []), given,
                               where=", ".join(map(str, a.scans)) if a.scans else f"{a.benchmark} (no --scans given)")
-    for k, p in export_all(recs, a.out, views, a.name, sources=sources, absolute=a.absolute).items(): print(f"{k}\t{p}")
+    paths = export_all(recs, a.out, views, a.name, sources=sources, absolute=a.absolute, key=a.key)
+    for k, p in paths.items(): print(f"{k}\t{p}")
     return 0
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -673,6 +745,8 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--licence", action="append", metavar="SOURCE=TEXT", help="the licence of a source's scans where no "
                    "manifest records it (repeatable)")
     p.add_argument("--name", default=NAME, help=f"file stem of the exported files, a plain name (default {NAME})")
+    p.add_argument("--key", default=None, help="where the key from the released ids back to the benchmark's own goes, "
+                   "outside --out (default <out>_key.jsonl beside it)")
     p.add_argument("--absolute", action="store_true", help="point the lmms-eval task at the parquet by absolute path (lmms-eval < 0.7.3)")
     p.set_defaults(func=_cli_export)
     return p

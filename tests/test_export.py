@@ -58,6 +58,13 @@ def views(kept, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def released(kept, views):
+    "The records as the export releases them (opaque ids) and their views under those ids."
+    pub, ids = E.public_records(kept)
+    return pub, {k["qid"]: views[k["internal_qid"]] for k in ids}, {k["internal_qid"]: k["qid"] for k in ids}
+
+
+@pytest.fixture(scope="module")
 def out(kept, views, tmp_path_factory):
     d = tmp_path_factory.mktemp("export")
     paths = E.export_all(kept, d / "export", views, summary={"questions": 99, "removed_by": {"triviality": 3}},
@@ -85,23 +92,30 @@ def test_views_are_required(kept, tmp_path):
     with pytest.raises(FileNotFoundError, match="gone.png"): E.read_views(tmp_path / "index.jsonl", root=tmp_path)
 
 
-def test_jsonl_and_parquet(kept, views, out):
+def test_jsonl_and_parquet(kept, released, out):
     d, p = out
-    assert read_jsonl(p["jsonl"]) == kept
+    pub, views, _ = released
+    assert read_jsonl(p["jsonl"]) == pub
     df = pd.read_parquet(p["parquet"])
-    assert df.qid.tolist() == [r["qid"] for r in kept]
-    assert {"prompt", "blind", "blind_vote", "blind_right", "views"} <= set(df.columns)
-    r0 = kept[0]
+    assert df.qid.tolist() == [r["qid"] for r in pub]
+    assert {"prompt", "blind", "blind_vote", "blind_right", "views", "patient", "group"} <= set(df.columns)
+    assert not {"scan_id", "scan_ids", "images", "label_maps", "pair_of", "counterfactual", "flipped"} & {*df.columns}
+    r0 = pub[0]
     assert json.loads(df.blind[0]) == r0["blind"] and json.loads(df.spec[0]) == r0["spec"]
-    assert df.prompt.tolist() == [build_prompt(r) for r in kept]
+    assert df.prompt.tolist() == [build_prompt(r) for r in pub]
+    assert sorted(df.prompt) == sorted(build_prompt(r) for r in kept)      # the same questions, asked the same way
     mc = df[df.format == "mc"]
     assert all(len(o) == 4 for o in mc.options)
-    for r, v in zip(kept, df.views):                      # the files of the index, byte for byte, in order
+    for r, v in zip(pub, df.views):                       # the files of the index, byte for byte, in order
         assert [x["bytes"] for x in v] == [Path(f).read_bytes() for f in views[r["qid"]]]
+    key = read_jsonl(p["key"])
+    assert p["key"] == d / "export_key.jsonl" and [k["qid"] for k in key] == df.qid.tolist()
+    assert sorted(k["internal_qid"] for k in key) == sorted(r["qid"] for r in kept)
 
 
-def test_datasets_loads_views_as_images(kept, views, out, tmp_path):
+def test_datasets_loads_views_as_images(released, out, tmp_path):
     d, p = out
+    kept, views, _ = released
     ds = _load("parquet", data_files={"test": str(p["parquet"])}, cache_dir=str(tmp_path))["test"]
     assert ds.num_rows == len(kept) and ds[0]["qid"] == kept[0]["qid"]
     num = next(i for i, r in enumerate(kept) if r["format"] == "numeric")
@@ -154,8 +168,9 @@ def _toliststr(s):                                         # vlmeval.smp.misc.to
     raise NotImplementedError
 
 
-def test_vlmevalkit(kept, views, out):
+def test_vlmevalkit(released, out):
     d, p = out
+    kept, views, _ = released
     mc = pd.read_csv(p["tsv"], sep="\t")
     num = pd.read_csv(p["tsv_numeric"], sep="\t")
     assert [c for c in mc.columns if c in VLMEVAL_MCQ] == VLMEVAL_MCQ and {"category", "l2-category", "qid"} <= set(mc.columns)
@@ -215,8 +230,9 @@ def _lmms_docs(cfg, yaml_path, cache):
     return cfg["process_docs"](_load(cfg["dataset_path"], data_files=files, cache_dir=cache)[cfg["test_split"]])
 
 
-def test_lmms_eval_task_from_a_foreign_directory(kept, views, out, tmp_path, monkeypatch):
+def test_lmms_eval_task_from_a_foreign_directory(released, out, tmp_path, monkeypatch):
     d, p = out
+    kept, views, _ = released
     monkeypatch.chdir(tmp_path)                                   # not the repository, not the export folder
     cfg, U = _task(p)
     assert cfg["task"] == E.LMMS_TASK and cfg["dataset_path"] == "parquet" and cfg["test_split"] == "test"
@@ -271,7 +287,7 @@ def test_lmms_eval_task_fails_loudly(kept, out, tmp_path, monkeypatch):
         U.process_docs(_load("parquet", data_files={"test": str(tmp_path / "blind.parquet")}, cache_dir=str(tmp_path / "hf"))["test"])
 
 
-def test_process_results_equals_the_project_for_every_baseline(kept, out, tmp_path, monkeypatch):
+def test_process_results_equals_the_project_for_every_baseline(kept, released, out, tmp_path, monkeypatch):
     """Every baseline adapter (random, prior, blind_text, oracle) answers the benchmark; the exported utils.py, loaded from a
     foreign working directory, scores each reply exactly as spatialvqa.scoring does (and the numbers are not all equal)."""
     from spatialvqa.models.registry import make_adapter
@@ -285,7 +301,8 @@ def test_process_results_equals_the_project_for_every_baseline(kept, out, tmp_pa
     scored = pd.concat([score_predictions(kept, preds[m], m) for m in preds], ignore_index=True)
     monkeypatch.chdir(tmp_path)
     U = E.load_utils(p["lmms_utils"])
-    per, agg = E.harness_scores(kept, scored, U)
+    pub, _, ids = released
+    per, agg = E.harness_scores(pub, scored, U, ids)
     assert len(per) == 4 * len(kept) and agg["mismatches"].tolist() == [0, 0, 0, 0]
     assert (per["project"] == per["harness"]).all()
     a = agg.set_index("model")
@@ -293,7 +310,7 @@ def test_process_results_equals_the_project_for_every_baseline(kept, out, tmp_pa
     assert a.loc["random", "mc_accuracy (mean of questions)"] < 60
     # unreadable replies: 0 in both
     bad = score_predictions(kept, [dict(q, raw="I cannot tell") for q in preds["random"]], "refuser")
-    per2, agg2 = E.harness_scores(kept, bad, U)
+    per2, agg2 = E.harness_scores(pub, bad, U, ids)
     assert agg2["mismatches"].tolist() == [0] and agg2["score (all questions)"].tolist() == [0.0]
 
 

@@ -690,7 +690,9 @@ def test_i23_export_name_escape_and_licences(phantom_bench, tmp_path):
     assert rc == 0, err
     assert f"| tcia | {len(ids)} scans; CC BY 4.0 |" in (tmp_path / "work" / "o" / "LICENSE.md").read_text()
     assert f"- tcia: {len(ids)} scans; CC BY 4.0" in (tmp_path / "work" / "o" / "README.md").read_text()
-    assert all(p.startswith("work/o/") for p in tree(tmp_path) if p not in before)
+    # every file in --out, but the key from the released ids back to the benchmark's, beside it (never released)
+    assert {p for p in tree(tmp_path) if p not in before and not p.startswith("work/o/")} == {"work/o_key.jsonl"}
+    assert "key\t" in out and read_jsonl(tmp_path / "work" / "o_key.jsonl")[0]["internal_qid"] in {r["qid"] for r in recs}
 
 
 # --- issue 23: clear errors instead of tracebacks or silence ---------------------------------------------------------
