@@ -51,9 +51,20 @@ def scan_id_of(path: str | os.PathLike) -> str:
 
 def _is_manifest(path: str) -> bool: return str(path).lower().endswith(".json")
 
+# %% ../nbs/49_cli.ipynb #b68101ee
+def _refuse_replacing(paths, overwrite: bool) -> None:
+    "An `OutputError` when a file, or a folder holding files, is already at one of `paths`, unless `overwrite`."
+    if overwrite: return
+    from spatialvqa.core import OutputError
+    paths = [Path(p) for p in paths]
+    taken = [p for p in paths if p.is_file() or p.is_dir() and any(q.is_file() for q in p.rglob("*"))]
+    if taken: raise OutputError(f"{taken[0]}: already there ({len(taken)} of the {len(paths)} outputs of this command are): "
+                                "choose another --out, or pass --overwrite to replace them")
+
 # %% ../nbs/49_cli.ipynb #faa02088
 def _measure(a) -> int:
     if _is_manifest(a.labels): return _measure_manifest(a)
+    _refuse_replacing([a.out], getattr(a, "overwrite", False))
     from spatialvqa import scan
     scan._import_nibabel = _nibabel_without_pydicom  # if a file needs nibabel after all
     from spatialvqa.core import get_logger, write_json
@@ -70,12 +81,14 @@ def _measure_manifest(a) -> int:
     from spatialvqa.core import get_logger, write_json, write_parquet
     from spatialvqa.measure import measure_manifests
     if a.image or a.scan_id: raise ValueError(f"{a.labels}: a manifest names each scan's image and id; --image and --scan-id apply to one label map")
+    out = Path(a.out)
+    _refuse_replacing([out / f for f in ("structures.parquet", "scans.parquet", "rejected.json", "summary.json")],
+                      getattr(a, "overwrite", False))
     table, scans, rejected = measure_manifests([a.labels], components=not a.no_components, workers=a.workers)
     if not len(scans):
         raise ValueError(f"{a.labels}: no scan could be measured" + (f" (the first: {rejected[0]['error']})" if rejected else " (the manifest lists none)"))
     for k in ("labels", "image"):                                  # absolute: the tables are read from any folder
         if k in scans: scans[k] = [str(Path(p).resolve()) if isinstance(p, str) and p else p for p in scans[k]]
-    out = Path(a.out)
     write_parquet(table, out / "structures.parquet")
     write_parquet(scans, out / "scans.parquet")
     write_json(rejected, out / "rejected.json")
@@ -275,7 +288,8 @@ def _measured_inputs(structures: str, scans: str, work: Path) -> tuple[str, str]
     from spatialvqa.measure import read_measurements
     st_files = [p for p in str(structures).split(",") if p.strip()]
     sc_files = [p for p in str(scans).split(",") if p.strip()]
-    if any(_is_manifest(p) for p in st_files) and not any(Path(p).exists() for p in sc_files): sc_files = []   # both from the JSON
+    if all(_is_manifest(p) for p in st_files):     # a measure JSON holds its scan: not another run's table (the default)
+        sc_files = [p for p in sc_files if _is_manifest(p)]
     st, sc = [], []
     for f in dict.fromkeys(st_files + sc_files):
         if not Path(f).is_file():
@@ -288,6 +302,10 @@ def _measured_inputs(structures: str, scans: str, work: Path) -> tuple[str, str]
     st, sc = pd.concat(st, ignore_index=True), pd.concat(sc, ignore_index=True)
     if not len(st): raise ValueError(f"{structures}: no structures (give the measure stage's structures.parquet or the JSON of `spatialvqa measure`)")
     if not len(sc): raise ValueError(f"{scans}: no scans table (give the measure stage's scans.parquet, or `spatialvqa measure` JSON files)")
+    if len(twice := sc[sc["scan_id"].duplicated(keep=False)]):     # two files (or rows) measure scans of one name
+        s = twice.iloc[0]["scan_id"]
+        raise ValueError(f"{structures}: {len(twice[twice.scan_id == s])} measured scans are all called {s!r}: give each "
+                         "scan its own id (spatialvqa measure --scan-id), and --structures and --scans of one measure run")
     if missing := sorted(set(st["scan_id"]) - set(sc["scan_id"])):
         raise ValueError(f"{scans}: no scan row for {len(missing)} scans of the structures (e.g. {missing[0]!r})")
     return str(write_parquet(st, work / "structures.parquet")), str(write_parquet(sc, work / "scans.parquet"))
@@ -434,6 +452,7 @@ def _run_stage_command(a) -> int:
                              f"none with {params.get('min_voxels')} voxels or more: --min-voxels); nothing written")
         _relative_paths(staged, out)
         files = [p for p in sorted(staged.rglob("*")) if p.is_file()]
+        _refuse_replacing([out / p.relative_to(staged) for p in files], getattr(a, "overwrite", False))
         for p in files: check_output(out / p.relative_to(staged))  # nothing replaces an input or a folder
         for p in files:
             dest = out / p.relative_to(staged)
@@ -475,6 +494,8 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
         p.add_argument("--predictions", nargs="+", required=True, help="predictions JSONL files of `spatialvqa infer`; a file "
                        "that holds several runs (models, settings) has each scored under its own name (model or model@config)")
     p.add_argument("--out", required=True, help="output folder")
+    if spec.get("staged", True):
+        p.add_argument("--overwrite", action="store_true", help="replace the outputs an earlier run left in --out")
     p.set_defaults(func=_run_stage_command, stage=stage)
     return p
 
@@ -504,6 +525,7 @@ def _add_builtins(sub) -> None:
     m.add_argument("--out", required=True, help="output JSON file (one label map); output folder (a manifest): "
                    "structures.parquet, scans.parquet, rejected.json, summary.json")
     m.add_argument("--no-components", action="store_true", help="skip counting connected components")
+    m.add_argument("--overwrite", action="store_true", help="replace the output(s) an earlier run left at --out")
     m.add_argument("--workers", type=lazy_number(int, 0), default=None, help="a manifest: worker processes (default: all cores; 0: in process)")
     m.set_defaults(func=_measure, prefetch=("labels", "image"))
     f = sub.add_parser("fetch", help="fetch pinned external data, verifying SHA-256")

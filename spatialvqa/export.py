@@ -198,9 +198,10 @@ def _card_ids(records: Sequence[dict]) -> list[str]:
             f"{sum(n > 1 for n in groups.values())} of them with twins; {len(flipping)} multiple-choice groups have "
             "answers that differ (`group_flips`).", "",
             "**Flip-group accuracy** (`flip_groups` in the lmms-eval task and the VLMEvalKit scorer) is the share of "
-            "those multiple-choice groups in which every member is answered right. An answerer that reads only the question "
-            "gives every member the same answer, so it scores 0. For a group of two it is the compendium's flip-pair "
-            "accuracy, the headline of its Table 2.", "",
+            "those multiple-choice groups in which every member is answered right. An answerer that reads only the "
+            "question, and answers the same question the same way, gives every member the same answer, so it scores 0; "
+            "one that reads `group` and answers the members differently at random scores a few percent. For a group of "
+            "two it is the compendium's flip-pair accuracy, the headline of its Table 2.", "",
             "A model is given `prompt` and `views` only. "
             + ", ".join(f"`{f}`" for f in release.ANSWER_FIELDS)
             + " carry the answer, and `patient` and `group` link questions; none of them may reach a model.", ""]

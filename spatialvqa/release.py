@@ -23,8 +23,8 @@ __all__ = ['SALT', 'COPY_FIELDS', 'PRIVATE_FIELDS', 'PUBLIC_NOTES', 'ANSWER_FIEL
 SALT = "spatialvqa-trackA-release-1"
 
 def opaque_id(prefix: str, value: str, salt: str = SALT) -> str:
-    "`prefix` and the first 12 hex digits of the SHA-256 of `salt` and `value`."
-    return prefix + hashlib.sha256(f"{salt}\0{value}".encode()).hexdigest()[:12]
+    "`prefix` and the first 12 hex digits of the SHA-256 of `salt`, `prefix` and `value`."
+    return prefix + hashlib.sha256(f"{salt}\0{prefix}\0{value}".encode()).hexdigest()[:12]
 
 # %% ../nbs/39_release.ipynb #c47a0008
 COPY_FIELDS = ("pair_of", "pair_id", "counterfactual", "flipped")

@@ -868,6 +868,29 @@ def test_i23_measure_json_feeds_validate_as_it_is(phantom_bench, tmp_path):
     assert (tmp_path / "v" / "validated.jsonl").exists() and (tmp_path / "v" / "filter_report.json").exists()
 
 
+def test_a_rerun_into_the_same_out_replaces_nothing_without_overwrite(phantom_bench, tmp_path):
+    "measure and a stage command (generate) refuse to replace what an earlier run left at --out; --overwrite replaces it."
+    lab = (phantom_bench.parent / read_jsonl(phantom_bench)[0]["label_maps"][0]).resolve()
+    m = tmp_path / "m.json"
+    assert cli("measure", lab, "--out", m)[0] == 0
+    m.write_text(m.read_text().replace('"scan_id": ', '"scan_id":  '))      # the user's own edit of that file
+    mine = m.read_bytes()
+    refused(cli("measure", lab, "--out", m), "measure", "m.json: already there", "--overwrite")
+    assert m.read_bytes() == mine
+    assert cli("measure", lab, "--out", m, "--overwrite")[0] == 0 and m.read_bytes() != mine
+    r = cli("generate", "--structures", m, "--out", tmp_path / "g")
+    assert r[0] == 0, r[2][-3000:]
+    before = tree(tmp_path / "g")
+    (tmp_path / "g" / "notes.txt").write_text("my notes")
+    sentence = refused(cli("generate", "--structures", m, "--seed", "1", "--out", tmp_path / "g"), "generate",
+                       "already there", "--overwrite")
+    assert str(tmp_path / "g") in sentence
+    assert tree(tmp_path / "g") == {**before, "notes.txt": b"my notes"}
+    assert cli("generate", "--structures", m, "--seed", "1", "--out", tmp_path / "g", "--overwrite")[0] == 0
+    after = tree(tmp_path / "g")
+    assert after["notes.txt"] == b"my notes" and after != {**before, "notes.txt": b"my notes"}
+
+
 def test_i23_stage_command_failing_leaves_no_output(phantom_bench, tmp_path):
     (tmp_path / "structures.parquet").write_bytes(b"PAR1 not parquet")
     before = tree(tmp_path)

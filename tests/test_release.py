@@ -70,6 +70,8 @@ def test_nothing_released_names_a_scan_or_copy(bench, exported):
     assert not [s for s in internal if s in parquet]
     assert all(R.PRIVATE_FIELDS[i] not in r for r in pub for i in range(len(R.PRIVATE_FIELDS)))
     assert {r["patient"] for r in pub} == {R.opaque_id("p-", "rel_test")}       # one patient, copies included
+    # no member's qid shares its digits with its group's (the group is named after the original's qid)
+    assert not {r["qid"][2:] for r in pub} & {r[k][2:] for r in pub for k in ("group", "patient")}
     # the order of the file says nothing: originals are not always first in their group
     first = {}
     for k in key: first.setdefault(k["group"], k["pair_of"] is None)
