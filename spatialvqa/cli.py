@@ -280,15 +280,20 @@ def _benchmark_input(path: str, work: Path) -> str:
     if not recs: raise ValueError(f"{path}: no questions")
     return str(write_jsonl(with_root(recs, scan_root(path, recs)), work / f"benchmark_{len(list(work.iterdir()))}.jsonl"))
 
-def _measured_inputs(structures: str, scans: str, work: Path) -> tuple[str, str]:
+# %% ../nbs/49_cli.ipynb #a3bc3e32
+def _measured_inputs(structures: str, scans: str, work: Path, given: bool = True) -> tuple[str, str]:
     """The measure tables for a stage, as parquet files in `work`: from the measure stage's parquet files or from
-    `spatialvqa measure` JSON files (comma-separated), scan paths made absolute where the file that names them lies."""
+    `spatialvqa measure` JSON files (comma-separated), scan paths made absolute where the file that names them lies.
+    `given`: `scans` is the user's, not the stage's default; a table given beside JSON structures is a ValueError."""
     import pandas as pd
     from spatialvqa.core import resolve_path, write_parquet
     from spatialvqa.measure import read_measurements
     st_files = [p for p in str(structures).split(",") if p.strip()]
     sc_files = [p for p in str(scans).split(",") if p.strip()]
     if all(_is_manifest(p) for p in st_files):     # a measure JSON holds its scan: not another run's table (the default)
+        if given and (tables := [p for p in sc_files if not _is_manifest(p)]):
+            raise ValueError(f"--scans {tables[0]}: a measure stage table, but --structures are `spatialvqa measure` "
+                             "JSON files, which carry their own scans: leave --scans out")
         sc_files = [p for p in sc_files if _is_manifest(p)]
     st, sc = [], []
     for f in dict.fromkeys(st_files + sc_files):
@@ -320,15 +325,24 @@ def _score_inputs(files: list[str], work: Path) -> dict:
     for f in files:
         rows = read_jsonl(f, strict=True, require=("qid",))
         if not rows: raise ValueError(f"{f}: no predictions (the file is empty)")
+        if not any(k in r for r in rows for k in ("raw", "answer", "prediction")):
+            if str(f).endswith(".times.jsonl"):       # what a glob of infer's folder also matches: its timing sidecar
+                print(f"score: {f}: the timings `infer` writes beside its predictions, not predictions: skipped",
+                      file=sys.stderr)
+                continue
+            raise ValueError(f"{f}: no predictions (no record has a reply: `raw`, `answer` or `prediction`)")
         for name, rs in split_runs(rows, Path(f).stem).items():
             if name in runs: raise ValueError(f"{f}: a run named {name!r} is also in another file; score them apart")
             runs[name] = rs
+    if not runs:
+        raise ValueError(f"{', '.join(map(str, files))}: no predictions, only the timings `infer` writes beside them")
     (work / "predictions").mkdir()
     for name, rs in runs.items(): write_jsonl(rs, work / "predictions" / f"{name}.jsonl")
     models = {name: {"circular": any("#rot" in str(r["qid"]) for r in rs)} for name, rs in runs.items()}
     (work / "params.yaml").write_text(yaml.safe_dump({"infer": {"models": models}}))
     return dict(predictions=str(work / "predictions"), models=",".join(runs), params_file=str(work / "params.yaml"))
 
+# %% ../nbs/49_cli.ipynb #cbcf0f25
 def _answered(benchmark: str, predictions: str, named: list[str]) -> None:
     "Refuse predictions (`named` files, staged in folder `predictions`) none of which answers a question of `benchmark`."
     from spatialvqa.core import read_jsonl
@@ -415,7 +429,9 @@ def _run_stage_command(a) -> int:
         work = Path(w)
         if b := spec.get("benchmark"): params[b] = _benchmark_input(params[b], work)
         if n := spec.get("min_scans"): _min_scans(params[spec["benchmark"]], int(params[n]), given[spec["benchmark"]])
-        if m := spec.get("measured"): params[m[0]], params[m[1]] = _measured_inputs(params[m[0]], params[m[1]], work)
+        if m := spec.get("measured"):
+            given_scans = params[m[1]] != stage_parameters(stage)[m[1]][0]
+            params[m[0]], params[m[1]] = _measured_inputs(params[m[0]], params[m[1]], work, given_scans)
         if stage == "score":
             params.update(_score_inputs(a.predictions, work))
             _answered(params["benchmark"], params["predictions"], a.predictions)
@@ -474,6 +490,13 @@ def _unavailable(e: Exception) -> Callable:
     def run(a): raise e
     return run
 
+# %% ../nbs/49_cli.ipynb #bac2dedf
+_MEASURED_NOTES = {
+    "structures": "the measure stage's structures.parquet, or `spatialvqa measure` JSON files, comma-separated "
+                  "(a.json,b.json)",
+    "scans": "the measure stage's scans.parquet beside its structures.parquet; leave it out with measure JSON files, "
+             "which carry their own scans"}
+
 def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
     "Add `spatialvqa <stage>`: the stage notebook's parameters as arguments (defaults and comments shown in --help)."
     spec = STAGE_COMMANDS[stage]
@@ -482,7 +505,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
     for k, (default, note) in stage_parameters(stage).items():
         if k in spec["outputs"] or k in spec.get("hidden", ()): continue
         default = spec.get("defaults", {}).get(k, default)
-        note = spec.get("notes", {}).get(k, note)
+        note = spec.get("notes", {}).get(k, _MEASURED_NOTES.get(k) if k in spec.get("measured", ()) else note)
         if k == spec.get("positional"):
             p.add_argument(k, help=f"{note} (the pipeline's: {default})"); continue
         lo, hi = spec.get("bounds", {}).get(k, (0, None))

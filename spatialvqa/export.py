@@ -24,7 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .core import atomic_write, check_output, dumps, get_logger, read_json, read_records, resolve_path, write_jsonl
+from .core import (OutputError, atomic_write, check_output, dumps, get_logger, read_json, read_records,
+                             resolve_path, write_jsonl)
 from . import parse, prompt, stats
 from .prompt import build_prompt
 from .questions.core import LETTERS, TASKS, fmt_number
@@ -724,6 +725,9 @@ def _cli_export(a) -> int:
     recs = read_records(a.benchmark)
     if not recs: raise ValueError(f"{a.benchmark}: no questions")
     for f in (f"{a.name}.jsonl", f"{a.name}.parquet"): check_output(Path(a.out) / f)     # refused outputs before any reading
+    key = Path(a.key or Path(a.out).with_name(Path(a.out).name + "_key.jsonl"))
+    if not a.overwrite and (old := [p for p in (Path(a.out) / f"{a.name}.parquet", key) if p.exists()]):
+        raise OutputError(f"{old[0]}: already there (an earlier export?): choose another --out, or pass --overwrite")
     given = dict(x.split("=", 1) for x in a.licence or [] if "=" in x)
     if bad := [x for x in a.licence or [] if "=" not in x]: raise ValueError(f"--licence {bad[0]!r}: expected SOURCE=TEXT")
     views = read_views(a.views, a.root)
@@ -748,6 +752,7 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--name", default=NAME, help=f"file stem of the exported files, a plain name (default {NAME})")
     p.add_argument("--key", default=None, help="where the key from the released ids back to the benchmark's own goes, "
                    "outside --out (default <out>_key.jsonl beside it)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out (and its key)")
     p.add_argument("--absolute", action="store_true", help="point the lmms-eval task at the parquet by absolute path (lmms-eval < 0.7.3)")
     p.set_defaults(func=_cli_export)
     return p

@@ -78,6 +78,8 @@ CASES = {
                  ("--structures {d}/preds.jsonl --scans {d}/preds.jsonl --out {d}/g", ["preds.jsonl", "not the output of `spatialvqa measure`"]),
                  ("--structures {d}/bad.json --out {d}/g", ["bad.json", "not valid JSON"]),
                  ("--structures {d}/bad.json --out {d}/afile", ["afile", "must be a folder"]),
+                 ("--structures {d}/bad.json --scans {d}/absent.parquet --out {d}/g",
+                  ["--scans", "absent.parquet: a measure stage table", "leave --scans out"]),
                  # a budget's fault is the option's, found before any file is read
                  ("--structures {d}/bad.json --per-scan DIR:x --out {d}/g",
                   ["argument --per-scan", "'DIR:x' is not TASK:n"]),
@@ -87,6 +89,11 @@ CASES = {
                ("{d}/ok.jsonl --size 0 --out {d}/r", ["--size: 0 is out of range"]),
                ("{d}/ok.jsonl --out {d}/r", ["none of the 1 questions could be rendered as three_views", "the first"])],
     "score": [("--benchmark {d}/ok.jsonl --predictions {d}/empty.jsonl --out {d}/s", ["empty.jsonl", "no predictions"]),
+              ("--benchmark {d}/ok.jsonl --predictions {d}/p.jsonl.times.jsonl --out {d}/s",
+               ["only the timings `infer` writes"]),
+              ("--benchmark {d}/ok.jsonl --predictions {d}/noqid.jsonl --out {d}/s", ["noqid.jsonl", "no field 'qid'"]),
+              ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/s",
+               ["ok.jsonl: no predictions", "`raw`"]),
               ("--benchmark {d}/ok.jsonl --predictions {d}/list.jsonl --out {d}/s", ["list.jsonl:2", "not list"]),
               ("--benchmark {d}/ok.jsonl --predictions {d}/ok.jsonl --out {d}/ok.jsonl", ["ok.jsonl", "is the input"]),
               ("--benchmark {d}/ok.jsonl --predictions {d}/foreign.jsonl --out {d}/s",
@@ -130,6 +137,7 @@ def broken(tmp_path_factory):
     (d / "badp.yaml").write_text("infer: [\n")
     (d / "blank.csv").write_text("qid,rater_1_score,rater_2_score\nq1,,\n")
     (d / "foreign.jsonl").write_text('{"qid": "zz", "model": "m", "answer": "A"}\n')
+    (d / "p.jsonl.times.jsonl").write_text('{"qid": "q1", "key": "q1@0", "attempts": 1, "latency_s": 0.0}\n')
     (d / "tsdir" / "s0001").mkdir(parents=True)
     (d / "tsdir" / "s0001" / "ct.nii.gz").write_text("a real patient's CT")
     return d

@@ -693,6 +693,10 @@ def test_i23_export_name_escape_and_licences(phantom_bench, tmp_path):
     # every file in --out, but the key from the released ids back to the benchmark's, beside it (never released)
     assert {p for p in tree(tmp_path) if p not in before and not p.startswith("work/o/")} == {"work/o_key.jsonl"}
     assert "key\t" in out and read_jsonl(tmp_path / "work" / "o_key.jsonl")[0]["internal_qid"] in {r["qid"] for r in recs}
+    again = ("export", b, "--out", tmp_path / "work" / "o", "--views", tmp_path / "in" / "index.jsonl", "--scans",
+             tmp_path / "in" / "scans.json")
+    refused(cli(*again, cwd=tmp_path / "work"), "export", "spatialvqa_trackA.parquet: already there", "--overwrite")
+    assert cli(*again, "--overwrite", cwd=tmp_path / "work")[0] == 0
 
 
 # --- issue 23: clear errors instead of tracebacks or silence ---------------------------------------------------------
