@@ -491,6 +491,14 @@ def _unavailable(e: Exception) -> Callable:
     return run
 
 # %% ../nbs/49_cli.ipynb #bac2dedf
+class _Once(argparse.Action):
+    "Store an option's value, and refuse the option given twice (argparse would keep the last one without a word)."
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string in getattr(namespace, "_given", ()):
+            parser.error(f"argument {option_string}: given twice; give one value (several files: comma-separated)")
+        namespace._given = {*getattr(namespace, "_given", ()), option_string}
+        setattr(namespace, self.dest, values)
+
 _MEASURED_NOTES = {
     "structures": "the measure stage's structures.parquet, or `spatialvqa measure` JSON files, comma-separated "
                   "(a.json,b.json)",
@@ -511,7 +519,7 @@ def add_stage_command(sub, stage: str) -> argparse.ArgumentParser:
         lo, hi = spec.get("bounds", {}).get(k, (0, None))
         kind = {bool: _flag_text, int: lazy_number(int, lo, hi), float: lazy_number(float, lo, hi)}.get(type(default), str)
         kind = spec.get("checks", {}).get(k, kind)
-        p.add_argument("--" + k.replace("_", "-"), dest=k, type=kind, default=default, metavar=k.upper(),
+        p.add_argument("--" + k.replace("_", "-"), dest=k, type=kind, default=default, metavar=k.upper(), action=_Once,
                        help=note if "(default:" in note else f"{note + ' ' if note else ''}(default: {default if default not in ('', None) else 'none'})")
     if stage == "score":
         p.add_argument("--predictions", nargs="+", required=True, help="predictions JSONL files of `spatialvqa infer`; a file "

@@ -78,6 +78,7 @@ CASES = {
                  ("--structures {d}/preds.jsonl --scans {d}/preds.jsonl --out {d}/g", ["preds.jsonl", "not the output of `spatialvqa measure`"]),
                  ("--structures {d}/bad.json --out {d}/g", ["bad.json", "not valid JSON"]),
                  ("--structures {d}/bad.json --out {d}/afile", ["afile", "must be a folder"]),
+                 ("--structures {d}/bad.json --structures {d}/ok.jsonl --out {d}/g", ["argument --structures", "given twice"]),
                  ("--structures {d}/bad.json --scans {d}/absent.parquet --out {d}/g",
                   ["--scans", "absent.parquet: a measure stage table", "leave --scans out"]),
                  # a budget's fault is the option's, found before any file is read
