@@ -320,13 +320,14 @@ def _score_inputs(files: list[str], work: Path) -> dict:
     "The score stage's predictions folder, models and params file for `files`, each run under its own name."
     import yaml
     from spatialvqa.core import read_jsonl, write_jsonl
+    from spatialvqa.models.run import TIME_FIELDS
     from spatialvqa.results.scores import split_runs
     runs: dict[str, list] = {}
     for f in files:
         rows = read_jsonl(f, strict=True, require=("qid",))
         if not rows: raise ValueError(f"{f}: no predictions (the file is empty)")
         if not any(k in r for r in rows for k in ("raw", "answer", "prediction")):
-            if str(f).endswith(".times.jsonl"):       # what a glob of infer's folder also matches: its timing sidecar
+            if all(set(r) <= set(TIME_FIELDS) for r in rows):    # infer's timings (models.run.times_path), globbed too
                 print(f"score: {f}: the timings `infer` writes beside its predictions, not predictions: skipped",
                       file=sys.stderr)
                 continue

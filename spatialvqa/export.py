@@ -41,8 +41,8 @@ __all__ = ['NAME', 'LMMS_TASK', 'JSON_FIELDS', 'FIELD_ORDER', 'EXPORT_FIELDS', '
            'LMMS_UTILS', 'DEFAULT_VIEWS', 'read_views', 'export_frame', 'write_dataset_parquet', 'export_jsonl_parquet',
            'letter_counts', 'licence_text', 'dataset_card', 'write_dataset_card', 'module_statements',
            'lmms_utils_source', 'vlmevalkit_scorer_source', 'lmms_yaml', 'export_lmms_eval', 'load_utils',
-           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'export_all', 'check_stem', 'read_scan_table',
-           'source_licences', 'add_cli']
+           'vlmevalkit_frames', 'export_vlmevalkit', 'harness_scores', 'key_path', 'export_all', 'check_stem',
+           'read_scan_table', 'source_licences', 'add_cli']
 
 # %% ../nbs/46_export.ipynb #44623c9a
 NAME = "spatialvqa_trackA"
@@ -201,7 +201,8 @@ def _card_ids(records: Sequence[dict]) -> list[str]:
             "**Flip-group accuracy** (`flip_groups` in the lmms-eval task and the VLMEvalKit scorer) is the share of "
             "those multiple-choice groups in which every member is answered right. An answerer that reads only the "
             "question, and answers the same question the same way, gives every member the same answer, so it scores 0; "
-            "one that reads `group` and answers the members differently at random scores a few percent. For a group of "
+            "one that answers the members independently at random does not (the `random` baseline's `flip groups` "
+            "under Aggregates). For a group of "
             "two it is the compendium's flip-pair accuracy, the headline of its Table 2.", "",
             "A model is given `prompt` and `views` only. "
             + ", ".join(f"`{f}`" for f in release.ANSWER_FIELDS)
@@ -638,6 +639,10 @@ def harness_scores(records: Sequence[dict], scored: pd.DataFrame, utils,
 
 
 # %% ../nbs/46_export.ipynb #7b8391f3
+def key_path(out: str | os.PathLike, key: str | os.PathLike | None = None) -> Path:
+    "Where a release's key goes: `key` when given, else `<out>_key.jsonl` beside the folder `out`."
+    return Path(key) if key is not None else Path(out).with_name(f"{Path(out).name}_key.jsonl")
+
 def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[str, Sequence[str | os.PathLike]],
                name: str = NAME, summary: Mapping | None = None, sources: Mapping[str, str] | None = None,
                views_info: str | None = None, aggregates: pd.DataFrame | None = None, absolute: bool = False,
@@ -649,8 +654,7 @@ def export_all(records: Sequence[dict], out: str | os.PathLike, views: Mapping[s
     The key back to the compendium's ids goes to `key`, outside `out` (default `<out>_key.jsonl` beside it). `views`:
     the compendium's qid -> rendered image files (`read_views`); every question must have some. The lmms-eval task names
     the parquet relative to its own folder (absolute when `absolute`). Returns every written path by kind."""
-    out = Path(out)
-    key = Path(key) if key is not None else out.with_name(f"{out.name}_key.jsonl")
+    out, key = Path(out), key_path(out, key)
     if key.resolve().is_relative_to(out.resolve()):
         raise ValueError(f"{key}: the key to the compendium's ids would be released with {out}; "
                          "write it outside that folder")
@@ -725,8 +729,8 @@ def _cli_export(a) -> int:
     recs = read_records(a.benchmark)
     if not recs: raise ValueError(f"{a.benchmark}: no questions")
     for f in (f"{a.name}.jsonl", f"{a.name}.parquet"): check_output(Path(a.out) / f)     # refused outputs before any reading
-    key = Path(a.key or Path(a.out).with_name(Path(a.out).name + "_key.jsonl"))
-    if not a.overwrite and (old := [p for p in (Path(a.out) / f"{a.name}.parquet", key) if p.exists()]):
+    earlier = (Path(a.out) / f"{a.name}.parquet", key_path(a.out, a.key))
+    if not a.overwrite and (old := [p for p in earlier if p.exists()]):
         raise OutputError(f"{old[0]}: already there (an earlier export?): choose another --out, or pass --overwrite")
     given = dict(x.split("=", 1) for x in a.licence or [] if "=" in x)
     if bad := [x for x in a.licence or [] if "=" not in x]: raise ValueError(f"--licence {bad[0]!r}: expected SOURCE=TEXT")

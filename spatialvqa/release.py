@@ -96,7 +96,9 @@ def id_leaks(public: Sequence[Mapping], key: Sequence[Mapping]) -> list[str]:
     needles |= {scan_family(s) for s in needles}
     needles = needles - {str(p.get("source")) for p in public} | set(COPY_MARKERS)      # a source's name is public
     pat = re.compile("|".join(map(re.escape, sorted(needles, key=len, reverse=True))))
-    return [f"{r['qid']}: {m}" for r in public for m in dict.fromkeys(pat.findall(json.dumps(r, default=str)))]
+    digits = {r[k][2:]: r[k] for r in public for k in ("group", "patient") if r.get(k)}   # another kind's digits
+    return [f"{r['qid']}: {m}" for r in public for m in dict.fromkeys(pat.findall(json.dumps(r, default=str)))] + \
+           [f"{r['qid']}: its digits are {digits[r['qid'][2:]]}'s" for r in public if r["qid"][2:] in digits]
 
 # %% ../nbs/39_release.ipynb #c47a0013
 def group_score(values: Iterable) -> float:
